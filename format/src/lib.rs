@@ -1,0 +1,56 @@
+//! The lrec capture format.
+//!
+//! A capture is a file header followed by a stream of chunks:
+//!
+//! ```text
+//! file   := MAGIC (8 bytes) version (u16 LE) reserved (u16) chunk*
+//! chunk  := CHUNK_MAGIC (u32 LE) compressed_len (u32) uncompressed_len (u32)
+//!           record_count (u32) crc32(payload) (u32) payload
+//! payload:= zstd frame of record*
+//! record := kind (u16 LE) len (u32 LE) bincode(struct)
+//! ```
+//!
+//! Chunks decode independently, so a capture cut short by a crash or a full disk is
+//! readable up to its last complete chunk, and a corrupt chunk is skipped (the reader
+//! resynchronises on the next chunk magic). Unknown record kinds are skipped, not fatal.
+//! This crate performs no I/O beyond reading and writing the streams it is handed.
+
+mod reader;
+pub mod v1;
+mod writer;
+
+pub use reader::{Capture, ChunkRef, ReadWarning};
+pub use v1::*;
+pub use writer::CaptureWriter;
+
+/// First bytes of every capture. The `\r\n\x1a` catch text-mode and truncation damage.
+pub const MAGIC: [u8; 8] = *b"\x89LREC\r\n\x1a";
+/// The version this crate writes.
+pub const FORMAT_VERSION: u16 = 1;
+/// Starts every chunk, so a reader can find the next chunk after damage.
+pub const CHUNK_MAGIC: u32 = u32::from_le_bytes(*b"LRCK");
+pub(crate) const FILE_HEADER_LEN: usize = 12;
+pub(crate) const CHUNK_HEADER_LEN: usize = 20;
+/// No chunk is larger than this, compressed or not; larger length fields are damage.
+pub const MAX_CHUNK_LEN: u32 = 256 << 20;
+
+/// Errors of reading or writing a capture.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("not an lrec capture (bad magic); was it written by lrec?")]
+    BadMagic,
+    #[error("capture format version {found} is newer than this lanalyze understands ({supported}); upgrade lanalyze")]
+    UnsupportedVersion { found: u16, supported: u16 },
+    #[error("capture is too short to hold a header ({0} bytes)")]
+    TooShort(usize),
+    #[error("chunk at offset {offset}: {what}")]
+    BadChunk { offset: u64, what: String },
+    #[error("record encoding failed: {0}")]
+    Encode(#[from] bincode::error::EncodeError),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub(crate) fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<{ MAX_CHUNK_LEN as usize }>()
+}

@@ -1,0 +1,266 @@
+//! Records of format version 1.
+//!
+//! Every record is a plain struct encoded with bincode (serde, standard config) and framed
+//! in a chunk as `kind: u16, len: u32, payload`. A reader that meets a kind it does not know
+//! skips `len` bytes and counts it, so new record kinds never break old readers.
+
+use serde::{Deserialize, Serialize};
+
+/// Numeric record kinds. Never reuse a number; add new kinds at the end.
+pub mod kind {
+    pub const HEADER: u16 = 1;
+    pub const PROCESS: u16 = 2;
+    pub const THREAD_NAME: u16 = 3;
+    pub const MAPPING: u16 = 4;
+    pub const BINARY: u16 = 5;
+    pub const SAMPLE: u16 = 6;
+    pub const LOST: u16 = 7;
+    pub const END: u16 = 8;
+    pub const KERNEL_SYMBOLS: u16 = 9;
+    /// Reserved for Lua VM frame records (LuaJIT / PUC Lua), one per sample.
+    pub const LUA_FRAMES: u16 = 16;
+}
+
+/// What the recording was and where it happened. Always the first record of a capture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Header {
+    /// `lrec x.y.z`.
+    pub tool_version: String,
+    /// `uname -r` of the recording machine.
+    pub kernel_release: String,
+    pub hostname: String,
+    /// `x86_64`, `aarch64`, …: the register layout of [`Regs`] depends on it.
+    pub arch: String,
+    pub page_size: u32,
+    pub frequency_hz: u32,
+    /// The perf event sampled, e.g. `cpu-clock`.
+    pub event: String,
+    /// The most user-stack bytes copied per sample.
+    pub stack_size: u32,
+    /// The lrec command line.
+    pub command_line: Vec<String>,
+    /// Wall-clock time at start, nanoseconds since the Unix epoch.
+    pub wall_clock_start_ns: u64,
+    /// CLOCK_MONOTONIC at start (the clock of [`Sample::time_ns`]).
+    pub monotonic_start_ns: u64,
+    /// The process recorded.
+    pub target_pid: u32,
+}
+
+/// A process that samples were taken from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Process {
+    pub pid: u32,
+    pub ppid: u32,
+    /// Target of /proc/PID/exe.
+    pub exe: String,
+    pub cmdline: Vec<String>,
+    /// `(name, inode)` from /proc/PID/ns, e.g. `("mnt", 4026531841)`.
+    pub namespaces: Vec<(String, u64)>,
+}
+
+/// The name (comm) of a thread, recorded when the thread is first seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ThreadName {
+    pub pid: u32,
+    pub tid: u32,
+    pub name: String,
+}
+
+/// One line of /proc/PID/maps. Mappings are only ever added: a later mapping that
+/// overlaps an earlier one replaces it from `time_ns` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Mapping {
+    pub pid: u32,
+    /// Monotonic time at which the mapping was read.
+    pub time_ns: u64,
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// `r-xp` and the like.
+    pub perms: String,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub inode: u64,
+    /// Path as in /proc/PID/maps (`[vdso]`, `[stack]`, or a file).
+    pub path: String,
+    /// GNU build-id of the mapped ELF file, when it has one.
+    pub build_id: Option<Vec<u8>>,
+}
+
+/// A program header of type PT_LOAD.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Segment {
+    pub vaddr: u64,
+    pub offset: u64,
+    pub filesz: u64,
+    pub memsz: u64,
+    /// PF_X = 1, PF_W = 2, PF_R = 4.
+    pub flags: u32,
+}
+
+/// One ELF section. `data` is empty when the section was not embedded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Section {
+    pub name: String,
+    /// sh_addr: the section's address before relocation (SVMA).
+    pub addr: u64,
+    pub offset: u64,
+    pub size: u64,
+    pub data: Vec<u8>,
+}
+
+/// The parts of an ELF file needed to unwind and symbolize without the file.
+/// Written once per build-id (or per path for files without one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Binary {
+    pub build_id: Option<Vec<u8>>,
+    pub path: String,
+    pub file_size: u64,
+    /// ET_EXEC = 2, ET_DYN = 3.
+    pub elf_type: u16,
+    pub segments: Vec<Segment>,
+    /// Embedded sections (.eh_frame, .eh_frame_hdr, .debug_frame, .symtab, .strtab,
+    /// .dynsym, .dynstr, .gnu_debuglink, optionally .debug_*), plus `.text` with empty data
+    /// so that its address range is known.
+    pub sections: Vec<Section>,
+    /// Why nothing was embedded (unreadable file, not ELF, …), if so.
+    pub error: Option<String>,
+}
+
+impl Binary {
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+}
+
+/// x86_64 user registers at the sample, as in `struct pt_regs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Regs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    pub ax: u64,
+    pub bx: u64,
+    pub cx: u64,
+    pub dx: u64,
+    pub si: u64,
+    pub di: u64,
+    pub r8: u64,
+    pub r9: u64,
+    pub r10: u64,
+    pub r11: u64,
+    pub r12: u64,
+    pub r13: u64,
+    pub r14: u64,
+    pub r15: u64,
+    pub flags: u64,
+}
+
+/// Flags of [`Sample::flags`].
+pub mod sample_flags {
+    /// The sample interrupted kernel code; `regs` are the user registers saved on entry.
+    pub const KERNEL_MODE: u32 = 1;
+    /// The user-stack copy stopped at a fault before `stack_size` bytes.
+    pub const STACK_FAULTED: u32 = 2;
+    /// The user registers could not be read.
+    pub const NO_USER_REGS: u32 = 4;
+}
+
+/// One sample: raw registers and stack bytes, as copied by BPF.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Sample {
+    /// CLOCK_MONOTONIC, nanoseconds.
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub flags: u32,
+    pub regs: Regs,
+    /// User-stack bytes starting at `regs.sp`.
+    pub user_stack: Vec<u8>,
+    /// Kernel return addresses, innermost first (empty for user-mode samples).
+    pub kernel_stack: Vec<u64>,
+}
+
+/// Samples the kernel could not hand over (ring buffer full), counted since the last `Lost`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Lost {
+    pub time_ns: u64,
+    pub count: u64,
+}
+
+/// Kernel symbols covering the kernel addresses seen in samples (from /proc/kallsyms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct KernelSymbols {
+    /// `(start, end, name)` sorted by start; `end` is the next symbol's start.
+    pub symbols: Vec<(u64, u64, String)>,
+}
+
+/// The last record of a complete capture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct End {
+    pub time_ns: u64,
+    pub samples: u64,
+    pub lost: u64,
+    /// Why recording stopped: `duration`, `signal`, `target exited`.
+    pub reason: String,
+}
+
+/// A decoded record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Header(Header),
+    Process(Process),
+    ThreadName(ThreadName),
+    Mapping(Mapping),
+    Binary(Binary),
+    Sample(Sample),
+    Lost(Lost),
+    End(End),
+    KernelSymbols(KernelSymbols),
+    /// A record kind this reader does not know; its payload is kept undecoded.
+    Unknown {
+        kind: u16,
+        payload: Vec<u8>,
+    },
+}
+
+impl Record {
+    pub fn kind(&self) -> u16 {
+        match self {
+            Record::Header(_) => kind::HEADER,
+            Record::Process(_) => kind::PROCESS,
+            Record::ThreadName(_) => kind::THREAD_NAME,
+            Record::Mapping(_) => kind::MAPPING,
+            Record::Binary(_) => kind::BINARY,
+            Record::Sample(_) => kind::SAMPLE,
+            Record::Lost(_) => kind::LOST,
+            Record::End(_) => kind::END,
+            Record::KernelSymbols(_) => kind::KERNEL_SYMBOLS,
+            Record::Unknown { kind, .. } => *kind,
+        }
+    }
+}
+
+macro_rules! record_from {
+    ($($variant:ident),*) => {
+        $(impl From<$variant> for Record {
+            fn from(r: $variant) -> Self {
+                Record::$variant(r)
+            }
+        })*
+    };
+}
+record_from!(
+    Header,
+    Process,
+    ThreadName,
+    Mapping,
+    Binary,
+    Sample,
+    Lost,
+    End,
+    KernelSymbols
+);

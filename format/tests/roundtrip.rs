@@ -1,0 +1,210 @@
+//! Round-trip, truncation and corruption tests of the capture format.
+
+use lrec_format::*;
+use proptest::prelude::*;
+
+fn sample(i: u64) -> Sample {
+    Sample {
+        time_ns: 1_000 + i,
+        pid: 42,
+        tid: 42 + (i % 3) as u32,
+        cpu: (i % 2) as u32,
+        flags: 0,
+        regs: Regs {
+            ip: 0x4000 + i,
+            sp: 0x7ffd_0000,
+            ..Regs::default()
+        },
+        user_stack: (0..512u32).map(|b| (b as u64 * i) as u8).collect(),
+        kernel_stack: vec![0xffff_ffff_8100_0000 + i],
+    }
+}
+
+/// A capture of `n` samples in chunks of about `per_chunk` samples, with an end record.
+fn capture(n: u64, per_chunk: u64) -> (Vec<u8>, Vec<Record>) {
+    let header = Header {
+        tool_version: "lrec test".into(),
+        frequency_hz: 99,
+        target_pid: 42,
+        ..Header::default()
+    };
+    let mut w = CaptureWriter::new(Vec::new(), &header).unwrap();
+    let mut expected = vec![Record::Header(header)];
+    let mapping = Record::Mapping(Mapping {
+        pid: 42,
+        start: 0x4000,
+        end: 0x5000,
+        path: "/bin/x".into(),
+        build_id: Some(vec![1, 2, 3]),
+        ..Mapping::default()
+    });
+    w.push(&mapping).unwrap();
+    expected.push(mapping);
+    for i in 0..n {
+        let r = Record::Sample(sample(i));
+        w.push(&r).unwrap();
+        expected.push(r);
+        if (i + 1) % per_chunk == 0 {
+            w.flush().unwrap();
+        }
+    }
+    let end = Record::End(End {
+        samples: n,
+        reason: "duration".into(),
+        ..End::default()
+    });
+    w.push(&end).unwrap();
+    expected.push(end);
+    (w.finish().unwrap(), expected)
+}
+
+#[test]
+fn round_trip() {
+    let (bytes, expected) = capture(100, 10);
+    let cap = Capture::from_bytes(bytes).unwrap();
+    let (records, warnings) = cap.read_all();
+    assert_eq!(warnings, vec![]);
+    assert_eq!(records, expected);
+    assert_eq!(cap.chunks().len(), 1 + 10 + 1);
+}
+
+#[test]
+fn truncation_keeps_every_complete_chunk() {
+    let (bytes, expected) = capture(30, 10);
+    let cap = Capture::from_bytes(bytes.clone()).unwrap();
+    let ends: Vec<usize> = cap
+        .chunks()
+        .iter()
+        .map(|c| c.offset as usize + 20 + c.compressed_len as usize)
+        .collect();
+    for cut in 12..bytes.len() {
+        let cap = Capture::from_bytes(bytes[..cut].to_vec()).unwrap();
+        let complete = ends.iter().filter(|&&e| e <= cut).count();
+        assert_eq!(cap.chunks().len(), complete, "cut at {cut}");
+        let (records, warnings) = cap.read_all();
+        assert!(expected.starts_with(&records), "cut at {cut}");
+        assert!(warnings.contains(&ReadWarning::NoEnd), "cut at {cut}");
+        if cut > 12 && !ends.contains(&cut) {
+            assert!(
+                matches!(warnings[0], ReadWarning::Truncated { .. }),
+                "cut at {cut}: {warnings:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn corrupt_chunk_is_skipped_and_reported() {
+    let (mut bytes, expected) = capture(30, 10);
+    let cap = Capture::from_bytes(bytes.clone()).unwrap();
+    let second = cap.chunks()[2];
+    // Flip a payload byte of the third chunk (samples 10..20).
+    bytes[second.offset as usize + 30] ^= 0xff;
+    let cap = Capture::from_bytes(bytes).unwrap();
+    let (records, warnings) = cap.read_all();
+    assert_eq!(records.len(), expected.len() - 10);
+    assert!(matches!(warnings[0], ReadWarning::Corrupt { offset, .. } if offset == second.offset));
+}
+
+#[test]
+fn damaged_length_field_is_not_mistaken_for_truncation() {
+    let (mut bytes, expected) = capture(30, 10);
+    let cap = Capture::from_bytes(bytes.clone()).unwrap();
+    let c = cap.chunks()[1];
+    bytes[c.offset as usize + 4..c.offset as usize + 8]
+        .copy_from_slice(&(200u32 << 20).to_le_bytes());
+    let (records, warnings) = Capture::from_bytes(bytes).unwrap().read_all();
+    assert_eq!(records.len(), expected.len() - c.records as usize);
+    assert!(
+        matches!(warnings[0], ReadWarning::Corrupt { .. }),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn unknown_kinds_are_skipped_with_a_warning() {
+    let mut w = CaptureWriter::new(Vec::new(), &Header::default()).unwrap();
+    w.push(&Record::Unknown {
+        kind: 999,
+        payload: vec![1, 2, 3],
+    })
+    .unwrap();
+    w.push(&Record::Lost(Lost {
+        time_ns: 5,
+        count: 7,
+    }))
+    .unwrap();
+    w.push(&Record::End(End::default())).unwrap();
+    let (records, warnings) = Capture::from_bytes(w.finish().unwrap()).unwrap().read_all();
+    assert_eq!(records.len(), 4);
+    assert_eq!(
+        records[2],
+        Record::Lost(Lost {
+            time_ns: 5,
+            count: 7
+        })
+    );
+    assert_eq!(
+        warnings,
+        vec![ReadWarning::UnknownKind {
+            kind: 999,
+            count: 1
+        }]
+    );
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    assert!(matches!(
+        Capture::from_bytes(b"hello world, not a capture".to_vec()),
+        Err(FormatError::BadMagic)
+    ));
+    assert!(matches!(
+        Capture::from_bytes(MAGIC[..5].to_vec()),
+        Err(FormatError::TooShort(5))
+    ));
+    let mut v = MAGIC.to_vec();
+    v.extend_from_slice(&[9, 0, 0, 0]);
+    assert!(matches!(
+        Capture::from_bytes(v),
+        Err(FormatError::UnsupportedVersion { found: 9, .. })
+    ));
+}
+
+fn damage_never_panics(bytes: &[u8]) {
+    if let Ok(cap) = Capture::from_bytes(bytes.to_vec()) {
+        let _ = cap.read_all();
+    }
+}
+
+/// Real captures committed under fixtures/captures, if any, plus a synthetic one.
+fn corpus() -> Vec<Vec<u8>> {
+    let mut v = vec![capture(40, 7).0];
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/captures");
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.path().extension().is_some_and(|x| x == "lrec") {
+                v.push(std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn random_truncations_and_flips_never_panic(
+        which in 0usize..8, cut in 0.0f64..1.0, flips in proptest::collection::vec((0.0f64..1.0, 1u8..=255), 0..6)
+    ) {
+        let corpus = corpus();
+        let mut bytes = corpus[which % corpus.len()].clone();
+        for (at, x) in flips {
+            let i = ((bytes.len() - 1) as f64 * at) as usize;
+            bytes[i] ^= x;
+        }
+        let keep = (bytes.len() as f64 * cut) as usize;
+        damage_never_panics(&bytes[..keep]);
+        damage_never_panics(&bytes);
+    }
+}
