@@ -1,1 +1,141 @@
-fn main(){}
+//! lrec: records a process with eBPF into a self-contained capture for lanalyze.
+
+mod elf;
+mod procfs;
+mod raw;
+mod recorder;
+mod sampler;
+mod target;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+
+const EXAMPLES: &str = "\
+EXAMPLES:
+    Record a running process for 30 s at the default 99 Hz:
+        sudo lrec -p 1234 -d 30 -o nginx.lrec
+
+    Start a command and record it until it exits:
+        sudo lrec -F 499 -o run.lrec -- luajit bench.lua
+
+    Then, on this or any other machine:
+        lanalyze run.lrec --flamegraph -o run.svg
+        lanalyze run.lrec --top 20
+
+Stop early with Ctrl-C: the capture is always finished and readable. lrec needs root
+(or CAP_BPF + CAP_PERFMON) and a kernel with BTF (/sys/kernel/btf/vmlinux).";
+
+/// Records a process's user registers, user stacks and kernel stacks with eBPF into one
+/// compressed capture that lanalyze unwinds and symbolizes offline.
+#[derive(Parser, Debug)]
+#[command(name = "lrec", version, after_help = EXAMPLES)]
+pub struct Args {
+    /// Record this running process (all its threads, also ones created later).
+    #[arg(short, long, conflicts_with = "command")]
+    pub pid: Option<u32>,
+    /// Stop after this many seconds (default: until Ctrl-C or the target exits).
+    #[arg(short, long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Samples per second per thread on CPU.
+    #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
+    pub frequency: u64,
+    /// Output file (default: lrec-PID.lrec in the current directory).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// User-stack bytes copied per sample (max 65536). Deeper stacks get truncated.
+    #[arg(long, default_value_t = 16384, value_name = "BYTES")]
+    pub stack_size: u32,
+    /// Embed DWARF debug info of mapped binaries: `auto` embeds it when a binary's
+    /// .debug_* sections total at most 32 MiB.
+    #[arg(long, value_enum, default_value_t = DebugMode::Auto)]
+    pub debuginfo: DebugMode,
+    /// Ring-buffer size in MiB (a power of two).
+    #[arg(long, default_value_t = 32, value_name = "MIB")]
+    pub ring_mib: u32,
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// The command to start and record.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DebugMode {
+    Auto,
+    All,
+    None,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("lrec: error: {e}");
+        for cause in e.chain().skip(1) {
+            eprintln!("  caused by: {cause}");
+        }
+        if let Some(hint) = hint(&e) {
+            eprintln!("\n{hint}");
+        }
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    if args.pid.is_none() && args.command.is_empty() {
+        bail!("nothing to record: give -p PID or -- CMD ARGS (see lrec --help)");
+    }
+    if args.stack_size == 0 || args.stack_size > raw::MAX_STACK {
+        bail!("--stack-size must be between 1 and {}", raw::MAX_STACK);
+    }
+    let max_rate = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(100_000);
+    if args.frequency == 0 || args.frequency > max_rate {
+        bail!("-F must be between 1 and {max_rate} (kernel.perf_event_max_sample_rate)");
+    }
+    if !args.ring_mib.is_power_of_two() {
+        bail!("--ring-mib must be a power of two");
+    }
+    if let Some(d) = args.duration {
+        if !(d > 0.0 && d.is_finite()) {
+            bail!("-d must be a positive number of seconds");
+        }
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); lrec needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
+    }
+    target::install_signal_handlers();
+    let mut target = match args.pid {
+        Some(pid) => target::Target::attach(pid)?,
+        None => target::Target::spawn(&args.command)?,
+    };
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("lrec-{}.lrec", target.pid)));
+    let result = recorder::record(&args, &mut target, &output);
+    target.stop_child();
+    result.with_context(|| format!("recording into {}", output.display()))
+}
+
+/// What to do about the errors users meet most.
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    let text = format!("{e:#}");
+    let eperm = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+    }) || text.contains("Operation not permitted")
+        || text.contains("Permission denied");
+    if eperm {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Some("hint: lrec loads BPF programs and opens perf events: run it as root (sudo lrec …) or grant CAP_BPF and CAP_PERFMON (setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep lrec).");
+        }
+        return Some("hint: root was refused: check kernel.perf_event_paranoid, a seccomp/container policy or kernel.unprivileged_bpf_disabled.");
+    }
+    None
+}

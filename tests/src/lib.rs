@@ -1,1 +1,216 @@
-//! End-to-end tests live in tests/.
+//! Harness of the end-to-end tests: runs the release `lrec` and `lanalyze` on the fixture
+//! workloads and scores the stacks against the workloads' true call chains.
+//!
+//! The tests need root (BPF). Outside CI they skip, loudly, when not root; under
+//! `CI=true` they fail instead.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+use regex::Regex;
+
+/// Recordings share two cores: run them one at a time so they do not skew each other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = root().join("target/release").join(name);
+    assert!(p.exists(), "{} is missing: run `make build`", p.display());
+    p
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    let p = root().join("fixtures/build").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `make fixtures`",
+        p.display()
+    );
+    p
+}
+
+/// Takes the recording lock, or returns None (after saying why, loudly) when this is not
+/// root outside CI. Under CI a missing privilege is a failure, not a skip.
+pub fn bpf_test(name: &str) -> Option<MutexGuard<'static, ()>> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{name}: end-to-end tests must run as root in CI");
+        }
+        eprintln!(
+            "\n!!!!!!!!!! SKIPPED {name}: not root, so no BPF. Run `sudo make test`. !!!!!!!!!!\n"
+        );
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `lanalyze CAPTURE --folded ARGS…` as (frames root→leaf, count), thread name first.
+pub fn folded(capture: &Path, args: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
+    let out = run(Command::new(bin("lanalyze"))
+        .arg(capture)
+        .arg("--folded")
+        .args(args));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let stacks = parse_folded(&text);
+    (stacks, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+pub fn parse_folded(text: &str) -> Vec<(Vec<String>, u64)> {
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (stack, n) = l.rsplit_once(' ').expect("folded line has a count");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                n.parse().expect("folded count is a number"),
+            )
+        })
+        .collect()
+}
+
+/// The true chains of a workload: for each of its functions that can be a leaf, a regex
+/// the `;`-joined frames from the root function (main or a thread's function) to the
+/// leaf must match.
+pub struct Truth {
+    pub roots: Vec<&'static str>,
+    pub leaves: BTreeMap<&'static str, Regex>,
+}
+
+impl Truth {
+    pub fn new(roots: &[&'static str], rules: &[(&'static str, &str)]) -> Truth {
+        Truth {
+            roots: roots.to_vec(),
+            leaves: rules
+                .iter()
+                .map(|(leaf, re)| (*leaf, Regex::new(&format!("^(?:{re})$")).unwrap()))
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Score {
+    /// Samples whose leaf is a workload function.
+    pub judged: u64,
+    pub exact: u64,
+    /// Judged samples per leaf function.
+    pub per_leaf: BTreeMap<String, u64>,
+    /// Some wrong stacks, for the failure message.
+    pub wrong: Vec<(String, u64)>,
+}
+
+impl Score {
+    pub fn fraction(&self) -> f64 {
+        self.exact as f64 / self.judged.max(1) as f64
+    }
+}
+
+/// Scores folded stacks: a sample counts when its leaf is one of the workload's
+/// functions, and is exact when the chain from the root function matches the truth.
+pub fn score(stacks: &[(Vec<String>, u64)], truth: &Truth) -> Score {
+    let mut s = Score::default();
+    for (frames, n) in stacks {
+        let leaf = frames.last().map(String::as_str).unwrap_or("");
+        let Some(rule) = truth.leaves.get(leaf) else {
+            continue;
+        };
+        s.judged += n;
+        *s.per_leaf.entry(leaf.to_string()).or_default() += n;
+        let from_root = frames
+            .iter()
+            .position(|f| truth.roots.contains(&f.as_str()))
+            .map(|i| frames[i..].join(";"));
+        match from_root {
+            Some(chain) if rule.is_match(&chain) => s.exact += n,
+            _ => s.wrong.push((frames.join(";"), *n)),
+        }
+    }
+    s.wrong.sort_by(|a, b| b.1.cmp(&a.1));
+    s.wrong.truncate(10);
+    s
+}
+
+/// fixtures/workloads/native.c's true chains.
+pub fn native_truth() -> Truth {
+    // Frames inside libc between qsort and the callback (qsort_r, msort_with_tmp, …)
+    // are real frames; they must be libc frames, and there must be at least one.
+    let libc = r"(?:;(?:[A-Za-z_][A-Za-z0-9_.]*|libc\.so\.6\+0x[0-9a-f]+))+";
+    let chain = "main;run_chain;chain_a;chain_b;chain_c";
+    let rec = "main;run_recursion(?:;recurse){1,120}";
+    Truth::new(
+        &["main", "worker_main"],
+        &[
+            ("chain_d", &format!("{chain};chain_d")),
+            ("chain_c", chain),
+            ("chain_b", "main;run_chain;chain_a;chain_b"),
+            ("chain_a", "main;run_chain;chain_a"),
+            ("run_chain", "main;run_chain"),
+            (
+                "compare_ints",
+                &format!("main;run_sort;qsort{libc};compare_ints"),
+            ),
+            ("run_sort", "main;run_sort"),
+            (
+                "recurse_leaf",
+                "main;run_recursion(?:;recurse){120};recurse_leaf",
+            ),
+            ("recurse", rec),
+            ("run_recursion", "main;run_recursion"),
+            ("tail_callee", "main;tail_callee"),
+            ("tail_caller", "main;tail_caller"),
+            ("worker_c", "worker_main;worker_a;worker_b;worker_c"),
+            ("worker_b", "worker_main;worker_a;worker_b"),
+            ("worker_a", "worker_main;worker_a"),
+            ("worker_main", "worker_main"),
+            ("main", "main"),
+        ],
+    )
+}
+
+/// Lost samples and sample count of a capture, read with the format crate.
+pub fn capture_totals(path: &Path) -> (u64, u64, Vec<String>) {
+    let cap = lrec_format::Capture::open(path).expect("capture opens");
+    let (records, warnings) = cap.read_all();
+    let mut samples = 0;
+    let mut lost = 0;
+    for r in &records {
+        match r {
+            lrec_format::Record::Sample(_) => samples += 1,
+            lrec_format::Record::Lost(l) => lost += l.count,
+            _ => {}
+        }
+    }
+    (
+        samples,
+        lost,
+        warnings.iter().map(|w| w.to_string()).collect(),
+    )
+}
+
+/// A fresh directory under the system temp dir.
+pub fn tempfile_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lrec-e2e-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

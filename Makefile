@@ -1,0 +1,57 @@
+# lrec / lanalyze. The two commands that matter: `make demo` and `make test`.
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+CARGO ?= cargo
+APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev
+BENCH_PACKAGES := linux-perf
+DEMO_DIR := demo-out
+
+.PHONY: setup setup-bench build fixtures test demo bench lint clean
+
+## Installs what building and testing need (idempotent: installs only what is missing).
+setup:
+	@$(call apt_install,$(APT_PACKAGES))
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup"; exit 1; }
+
+setup-bench:
+	@$(call apt_install,$(BENCH_PACKAGES))
+
+define apt_install
+missing=""; for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+if [ -n "$$missing" ]; then \
+  echo "installing:$$missing"; \
+  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; fi; \
+  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+fi
+endef
+
+build: setup
+	$(CARGO) build --release --workspace --all-targets
+
+fixtures: setup
+	$(MAKE) -C fixtures
+
+## Unit, snapshot, CLI and end-to-end tests (the e2e tests record with BPF: run as root).
+test: build fixtures
+	$(CARGO) test --release --workspace
+
+## Records the bundled native workload for 4 s and writes a flamegraph.
+demo: build fixtures
+	@mkdir -p $(DEMO_DIR)
+	./target/release/lrec -F 499 -o $(DEMO_DIR)/native.lrec -- fixtures/build/native 4
+	./target/release/lanalyze $(DEMO_DIR)/native.lrec --flamegraph -o $(DEMO_DIR)/flamegraph.svg
+	./target/release/lanalyze $(DEMO_DIR)/native.lrec --top 12
+	@echo "flamegraph: $(DEMO_DIR)/flamegraph.svg"
+
+## lrec vs perf on the same process at the same time: bytes/sample and analysis speed.
+bench: build fixtures setup-bench
+	scripts/bench.sh
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+clean:
+	$(CARGO) clean
+	$(MAKE) -C fixtures clean
+	rm -rf $(DEMO_DIR)

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: GPL-2.0
+/* On every cpu-clock tick of the target process: copy its user registers, up to
+ * stack_size bytes of user stack and the kernel stack into the ring buffer. Nothing is
+ * interpreted here; lanalyze does the unwinding offline. */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/bpf_perf_event.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "sample.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by lrec before load. */
+const volatile __u32 target_tgid = 0;
+const volatile __u32 stack_size = 16384;
+
+/* Userspace wakes only past a quarter full: per-record wakeups cost ~6 us each. */
+const volatile __u64 wakeup_bytes = 1 << 20;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 32 << 20); /* resized by lrec */
+} samples SEC(".maps");
+
+/* Scratch buffer per CPU: an ARRAY, since a PERCPU value is capped at 32 KiB. The
+ * 4 KiB slack past LREC_MAX_STACK lets the verifier bound a page copy at any offset. */
+struct sample_buf {
+	struct lrec_sample s;
+	__u8 stack[LREC_MAX_STACK + LREC_PAGE_SIZE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* set to the number of CPUs by lrec */
+	__type(key, __u32);
+	__type(value, struct sample_buf);
+} scratch SEC(".maps");
+
+/* Samples dropped because the ring buffer was full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+struct copy_ctx {
+	__u64 sp;
+	__u32 cpu;
+	__u32 copied;
+	__u32 faulted;
+};
+
+/* One bpf_loop step: copy up to the end of the current page. A single large read would
+ * fail as a whole at the guard page that ends every pthread stack. */
+static long copy_page(__u64 i, struct copy_ctx *c)
+{
+	__u32 key = c->cpu;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &key);
+	if (!b)
+		return 1;
+	__u32 off = c->copied;
+	if (off >= stack_size)
+		return 1;
+	__u64 addr = c->sp + off;
+	__u32 len = LREC_PAGE_SIZE - (addr & (LREC_PAGE_SIZE - 1));
+	if (len > stack_size - off)
+		len = stack_size - off;
+	/* Bounds the verifier can see: offset below 64 KiB, length at most a page. */
+	off &= LREC_MAX_STACK - 1;
+	if (len == 0 || len > LREC_PAGE_SIZE)
+		return 1;
+	if (bpf_probe_read_user(&b->stack[off], len, (void *)addr)) {
+		c->faulted = 1;
+		return 1;
+	}
+	c->copied += len;
+	return 0;
+}
+
+static void count_lost(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+	if (n)
+		*n += 1;
+}
+
+SEC("perf_event")
+int sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	/* Per-CPU events see every process: keep the target's threads only. */
+	if ((__u32)(id >> 32) != target_tgid)
+		return 0;
+
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
+	if (!b)
+		return 0;
+	struct lrec_sample *s = &b->s;
+	s->time_ns = bpf_ktime_get_ns();
+	s->pid = id >> 32;
+	s->tid = (__u32)id;
+	s->cpu = cpu;
+	s->flags = 0;
+	s->kstack_len = 0;
+
+	/* In kernel mode ctx->regs are kernel registers: take the user ones saved on entry. */
+	struct pt_regs r;
+	if ((__s64)ctx->regs.rip < 0) {
+		s->flags |= LREC_KERNEL_MODE;
+		struct task_struct *task = bpf_get_current_task_btf();
+		struct pt_regs *ur = (struct pt_regs *)bpf_task_pt_regs(task);
+		if (!ur || bpf_probe_read_kernel(&r, sizeof(r), ur))
+			s->flags |= LREC_NO_USER_REGS;
+		long n = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
+		if (n > 0)
+			s->kstack_len = n / sizeof(__u64);
+	} else {
+		/* Field by field: passing &ctx->regs to a helper yields garbage. */
+		r.rip = ctx->regs.rip;
+		r.rsp = ctx->regs.rsp;
+		r.rbp = ctx->regs.rbp;
+		r.rax = ctx->regs.rax;
+		r.rbx = ctx->regs.rbx;
+		r.rcx = ctx->regs.rcx;
+		r.rdx = ctx->regs.rdx;
+		r.rsi = ctx->regs.rsi;
+		r.rdi = ctx->regs.rdi;
+		r.r8 = ctx->regs.r8;
+		r.r9 = ctx->regs.r9;
+		r.r10 = ctx->regs.r10;
+		r.r11 = ctx->regs.r11;
+		r.r12 = ctx->regs.r12;
+		r.r13 = ctx->regs.r13;
+		r.r14 = ctx->regs.r14;
+		r.r15 = ctx->regs.r15;
+		r.eflags = ctx->regs.eflags;
+	}
+	if (s->flags & LREC_NO_USER_REGS)
+		__builtin_memset(&r, 0, sizeof(r));
+	s->regs = (struct lrec_regs){
+		.ip = r.rip, .sp = r.rsp, .bp = r.rbp, .ax = r.rax, .bx = r.rbx, .cx = r.rcx,
+		.dx = r.rdx, .si = r.rsi, .di = r.rdi, .r8 = r.r8, .r9 = r.r9, .r10 = r.r10,
+		.r11 = r.r11, .r12 = r.r12, .r13 = r.r13, .r14 = r.r14, .r15 = r.r15,
+		.flags = r.eflags,
+	};
+
+	/* Copy the user stack page by page, stopping at the first fault. */
+	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu };
+	if (!(s->flags & LREC_NO_USER_REGS) && c.sp)
+		bpf_loop(LREC_MAX_STACK / LREC_PAGE_SIZE + 1, copy_page, &c, 0);
+	if (c.faulted)
+		s->flags |= LREC_STACK_FAULTED;
+	s->stack_len = c.copied;
+
+	__u64 size = sizeof(struct lrec_sample) + (c.copied & (LREC_MAX_STACK - 1));
+	if (c.copied >= LREC_MAX_STACK)
+		size = sizeof(struct lrec_sample) + LREC_MAX_STACK;
+	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes
+			      ? BPF_RB_FORCE_WAKEUP
+			      : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, b, size, flags))
+		count_lost();
+	return 0;
+}

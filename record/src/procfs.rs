@@ -1,0 +1,758 @@
+//! Everything lrec reads from /proc, plus the few clock and host queries the header needs.
+//!
+//! Text parsing is kept in pure functions (`parse_maps`, `parse_stat_ppid`, …) so that it is
+//! tested on captured text; the `read_*` functions only add the file access.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use lrec_format::{KernelSymbols, Mapping, Process};
+use thiserror::Error;
+
+/// A failed read of /proc.
+#[derive(Debug, Error)]
+pub enum ProcError {
+    /// /proc/PID does not exist (any more).
+    #[error("no such process {pid}")]
+    NoSuchProcess { pid: u32 },
+    #[error("cannot read {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}: cannot parse line {line}: {text:?}", path.display())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+    #[error(
+        "{}: all kernel symbol addresses are zero: kernel.kptr_restrict hides them \
+         (run as root, or `sysctl kernel.kptr_restrict=0`)",
+        path.display()
+    )]
+    KernelSymbolsHidden { path: PathBuf },
+}
+
+/// Turns an I/O error on a file below /proc/PID into [`ProcError`], reporting a vanished
+/// process as [`ProcError::NoSuchProcess`] rather than as a missing file.
+fn proc_error(pid: u32, path: &Path, source: io::Error) -> ProcError {
+    let gone = matches!(source.kind(), io::ErrorKind::NotFound)
+        || source.raw_os_error() == Some(libc::ESRCH);
+    if gone && !Path::new(&format!("/proc/{pid}")).exists() {
+        ProcError::NoSuchProcess { pid }
+    } else {
+        ProcError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+fn read_to_string(pid: u32, path: &Path) -> Result<String, ProcError> {
+    fs::read_to_string(path).map_err(|e| proc_error(pid, path, e))
+}
+
+fn read_link(pid: u32, path: &Path) -> Result<String, ProcError> {
+    fs::read_link(path)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| proc_error(pid, path, e))
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc/PID/maps
+
+/// One line of /proc/PID/maps.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MapsEntry {
+    pub start: u64,
+    pub end: u64,
+    /// `r-xp` and the like.
+    pub perms: String,
+    pub offset: u64,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub inode: u64,
+    /// As in the maps file: a file path (possibly ending in ` (deleted)`), `[vdso]`,
+    /// `[stack]`, `[anon:name]`, or empty for anonymous memory.
+    pub path: String,
+}
+
+const DELETED_SUFFIX: &str = " (deleted)";
+
+impl MapsEntry {
+    /// The mapped file's path without ` (deleted)`, if the mapping is backed by a file.
+    pub fn file_path(&self) -> Option<&str> {
+        if self.inode == 0 || !self.path.starts_with('/') {
+            return None;
+        }
+        Some(self.path.strip_suffix(DELETED_SUFFIX).unwrap_or(&self.path))
+    }
+
+    /// Whether the mapped file has been deleted (or replaced) since it was mapped.
+    pub fn is_deleted(&self) -> bool {
+        self.file_path().is_some() && self.path.ends_with(DELETED_SUFFIX)
+    }
+
+    /// The capture record of this line, read at `time_ns` in process `pid`.
+    pub fn to_mapping(&self, pid: u32, time_ns: u64, build_id: Option<Vec<u8>>) -> Mapping {
+        Mapping {
+            pid,
+            time_ns,
+            start: self.start,
+            end: self.end,
+            offset: self.offset,
+            perms: self.perms.clone(),
+            dev_major: self.dev_major,
+            dev_minor: self.dev_minor,
+            inode: self.inode,
+            path: self.path.clone(),
+            build_id,
+        }
+    }
+}
+
+/// Splits off the next space-separated field of `rest`.
+fn next_field<'a>(rest: &mut &'a str) -> Option<&'a str> {
+    let s = rest.trim_start_matches(' ');
+    if s.is_empty() {
+        return None;
+    }
+    let end = s.find(' ').unwrap_or(s.len());
+    let (field, tail) = s.split_at(end);
+    *rest = tail;
+    Some(field)
+}
+
+/// Parses one maps line: `start-end perms offset major:minor inode [path]`.
+pub fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    let mut rest = line;
+    let (start, end) = next_field(&mut rest)?.split_once('-')?;
+    let perms = next_field(&mut rest)?;
+    let offset = next_field(&mut rest)?;
+    let (major, minor) = next_field(&mut rest)?.split_once(':')?;
+    let inode = next_field(&mut rest)?;
+    // The path is the rest of the line after the column padding; it may contain spaces.
+    let path = rest.trim_start_matches(' ');
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        perms: perms.to_owned(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        dev_major: u32::from_str_radix(major, 16).ok()?,
+        dev_minor: u32::from_str_radix(minor, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path: path.to_owned(),
+    })
+}
+
+/// Parses the text of a maps file; `path` only names it in errors.
+pub fn parse_maps(path: &Path, text: &str) -> Result<Vec<MapsEntry>, ProcError> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.is_empty())
+        .map(|(i, line)| {
+            parse_maps_line(line).ok_or_else(|| ProcError::Parse {
+                path: path.to_owned(),
+                line: i + 1,
+                text: line.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The memory mappings of process `pid`, in address order.
+pub fn read_maps(pid: u32) -> Result<Vec<MapsEntry>, ProcError> {
+    let path = PathBuf::from(format!("/proc/{pid}/maps"));
+    parse_maps(&path, &read_to_string(pid, &path)?)
+}
+
+// ---------------------------------------------------------------------------------------
+// Process and threads
+
+/// The parent pid from the text of /proc/PID/stat. The command name (field 2) may contain
+/// spaces and parentheses, so the fields are read after its last `)`.
+pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_comm.split_ascii_whitespace();
+    let _state = fields.next()?;
+    fields.next()?.parse().ok()
+}
+
+/// The inode of a namespace link: `mnt:[4026531841]` → 4026531841.
+pub fn parse_namespace_link(link: &str) -> Option<u64> {
+    let (_, rest) = link.split_once(':')?;
+    rest.strip_prefix('[')?.strip_suffix(']')?.parse().ok()
+}
+
+/// Splits /proc/PID/cmdline into its NUL-terminated arguments.
+pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
+    let raw = raw.strip_suffix(b"\0").unwrap_or(raw);
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    raw.split(|&b| b == 0)
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect()
+}
+
+/// Executable, command line, parent and namespaces of process `pid`.
+///
+/// `exe` is empty for kernel threads and for processes whose executable cannot be resolved.
+pub fn read_process(pid: u32) -> Result<Process, ProcError> {
+    let dir = PathBuf::from(format!("/proc/{pid}"));
+
+    let stat_path = dir.join("stat");
+    let stat = read_to_string(pid, &stat_path)?;
+    let ppid = parse_stat_ppid(&stat).ok_or_else(|| ProcError::Parse {
+        path: stat_path,
+        line: 1,
+        text: stat.clone(),
+    })?;
+
+    let exe = match read_link(pid, &dir.join("exe")) {
+        Ok(exe) => exe,
+        // Kernel threads have no executable; the process itself still exists.
+        Err(ProcError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            String::new()
+        }
+        Err(e) => return Err(e),
+    };
+
+    let cmdline_path = dir.join("cmdline");
+    let cmdline = fs::read(&cmdline_path).map_err(|e| proc_error(pid, &cmdline_path, e))?;
+
+    let ns_dir = dir.join("ns");
+    let mut namespaces = Vec::new();
+    for entry in fs::read_dir(&ns_dir).map_err(|e| proc_error(pid, &ns_dir, e))? {
+        let entry = entry.map_err(|e| proc_error(pid, &ns_dir, e))?;
+        // Named by the entry, not the link: `pid_for_children` links to `pid:[…]` too.
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(inode) = parse_namespace_link(&read_link(pid, &entry.path())?) {
+            namespaces.push((name, inode));
+        }
+    }
+    namespaces.sort();
+
+    Ok(Process {
+        pid,
+        ppid,
+        exe,
+        cmdline: parse_cmdline(&cmdline),
+        namespaces,
+    })
+}
+
+/// The name (comm) of thread `tid` of process `pid`, if it still exists.
+pub fn thread_name(pid: u32, tid: u32) -> Option<String> {
+    let comm = fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    Some(comm.trim_end_matches('\n').to_owned())
+}
+
+/// The thread ids of process `pid`, sorted; empty if the process is gone.
+pub fn threads(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    tids
+}
+
+// ---------------------------------------------------------------------------------------
+// Mapped files
+
+/// Whether `file` is the file that `entry` maps (same device and inode).
+fn is_mapped_file(file: &File, entry: &MapsEntry) -> bool {
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    let dev = meta.dev();
+    meta.ino() == entry.inode
+        && libc::major(dev) == entry.dev_major
+        && libc::minor(dev) == entry.dev_minor
+}
+
+/// Opens the file that `entry` of process `pid` maps.
+///
+/// In order: `/proc/PID/root/PATH` (the path as the process sees it, so that processes in
+/// other mount namespaces work), `/proc/PID/map_files/START-END` (the mapped file itself,
+/// also when deleted; needs CAP_SYS_ADMIN), then PATH. A file whose device and inode differ
+/// from the entry's is only returned when nothing better opens (overlayfs reports the
+/// upper inode in stat but the lower one in maps), and never for a deleted file.
+pub fn open_mapped_file(pid: u32, entry: &MapsEntry) -> io::Result<File> {
+    let Some(path) = entry.file_path() else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("mapping {:?} is not backed by a file", entry.path),
+        ));
+    };
+    let by_root = PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'));
+    let by_map_files = PathBuf::from(format!(
+        "/proc/{pid}/map_files/{:x}-{:x}",
+        entry.start, entry.end
+    ));
+
+    let mut mismatched = None;
+    let mut first_error = None;
+    for (candidate, verify) in [
+        (by_root.as_path(), true),
+        (by_map_files.as_path(), false),
+        (Path::new(path), true),
+    ] {
+        match File::open(candidate) {
+            Ok(file) if !verify || is_mapped_file(&file, entry) => return Ok(file),
+            Ok(file) => {
+                mismatched.get_or_insert(file);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match mismatched {
+        Some(file) if !entry.is_deleted() => Ok(file),
+        _ => Err(first_error.unwrap_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{path}: the file at this path is not the mapped one"),
+            )
+        })),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernel symbols
+
+/// A text symbol of /proc/kallsyms; name and module are byte ranges of the table's text.
+#[derive(Debug, Clone, Copy)]
+struct KernelSymbol {
+    start: u64,
+    name: (u32, u32),
+    module: Option<(u32, u32)>,
+}
+
+/// The kernel's text symbols, sorted by address.
+#[derive(Debug)]
+pub struct KallsymsTable {
+    text: String,
+    symbols: Vec<KernelSymbol>,
+}
+
+impl KallsymsTable {
+    /// Reads /proc/kallsyms.
+    pub fn load() -> Result<Self, ProcError> {
+        let path = Path::new("/proc/kallsyms");
+        let text = fs::read_to_string(path).map_err(|source| ProcError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, text)
+    }
+
+    /// Parses the text of a kallsyms file (`ADDR TYPE NAME[\t[MODULE]]` lines); `path` only
+    /// names it in errors. Keeps text symbols (`t`, `T`, `w`, `W`).
+    pub fn parse(path: &Path, text: String) -> Result<Self, ProcError> {
+        let range = |s: &str| {
+            let at = s.as_ptr() as usize - text.as_ptr() as usize;
+            (at as u32, s.len() as u32)
+        };
+        let mut symbols = Vec::new();
+        let mut any_text_symbol = false;
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ' ');
+            let (Some(addr), Some(kind), Some(rest)) = (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            if !matches!(kind, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            any_text_symbol = true;
+            let Ok(start) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            if start == 0 {
+                continue;
+            }
+            let (name, module) = match rest.split_once('\t') {
+                Some((name, module)) => {
+                    let module = module.trim_start_matches('[').trim_end_matches(']');
+                    (name, Some(range(module)))
+                }
+                None => (rest, None),
+            };
+            symbols.push(KernelSymbol {
+                start,
+                name: range(name),
+                module,
+            });
+        }
+        if symbols.is_empty() && any_text_symbol {
+            return Err(ProcError::KernelSymbolsHidden {
+                path: path.to_owned(),
+            });
+        }
+        symbols.sort_by_key(|s| s.start);
+        Ok(KallsymsTable { text, symbols })
+    }
+
+    fn str_at(&self, (at, len): (u32, u32)) -> &str {
+        &self.text[at as usize..(at + len) as usize]
+    }
+
+    /// The index of the symbol containing `addr`: the last of those starting at the
+    /// greatest address ≤ `addr`.
+    fn index_of(&self, addr: u64) -> Option<usize> {
+        self.symbols
+            .partition_point(|s| s.start <= addr)
+            .checked_sub(1)
+    }
+
+    /// The end of symbol `i`: the start of the next symbol at a higher address
+    /// (`u64::MAX` for the last one).
+    fn end_of(&self, i: usize) -> u64 {
+        let start = self.symbols[i].start;
+        let next = self.symbols[i..].partition_point(|s| s.start <= start);
+        self.symbols.get(i + next).map_or(u64::MAX, |s| s.start)
+    }
+
+    /// The symbols containing `addrs`, as `(start, end, "name [module]")` sorted by start,
+    /// each once.
+    pub fn covering(&self, addrs: impl Iterator<Item = u64>) -> KernelSymbols {
+        let mut seen = HashSet::new();
+        let mut indices: Vec<usize> = addrs
+            .filter_map(|a| self.index_of(a))
+            .filter(|&i| seen.insert(i))
+            .collect();
+        indices.sort_unstable();
+        let symbols = indices
+            .into_iter()
+            .map(|i| {
+                let sym = &self.symbols[i];
+                let mut name = self.str_at(sym.name).to_owned();
+                if let Some(module) = sym.module {
+                    name = format!("{name} [{}]", self.str_at(module));
+                }
+                (sym.start, self.end_of(i), name)
+            })
+            .collect();
+        KernelSymbols { symbols }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Host and clocks
+
+fn uname() -> libc::utsname {
+    // SAFETY: utsname is plain bytes; uname only fills it in and cannot fail with a
+    // valid pointer.
+    unsafe {
+        let mut uts: libc::utsname = std::mem::zeroed();
+        libc::uname(&mut uts);
+        uts
+    }
+}
+
+fn c_chars_to_string(chars: &[libc::c_char]) -> String {
+    let bytes: Vec<u8> = chars
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    c_chars_to_string(&uname().release)
+}
+
+/// `uname -n`.
+pub fn hostname() -> String {
+    c_chars_to_string(&uname().nodename)
+}
+
+pub fn page_size() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(size).unwrap_or(4096)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; the clocks used here always exist.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of BPF's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// Wall-clock time in nanoseconds since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines() {
+        let text = "\
+55d0c0a00000-55d0c0a04000 r--p 00000000 fd:01 1835023                    /usr/bin/cat
+7f1c2c000000-7f1c2c021000 rw-p 00000000 00:00 0 
+7f1c2d5e3000-7f1c2d5e5000 r-xp 00002000 103:02 44  /tmp/dir with spaces/lib.so (deleted)
+7ffd1e9f0000-7ffd1ea11000 rw-p 00000000 00:00 0                          [stack]
+ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
+";
+        let maps = parse_maps(Path::new("maps"), text).unwrap();
+        assert_eq!(maps.len(), 5);
+        assert_eq!(
+            maps[0],
+            MapsEntry {
+                start: 0x55d0c0a00000,
+                end: 0x55d0c0a04000,
+                perms: "r--p".into(),
+                offset: 0,
+                dev_major: 0xfd,
+                dev_minor: 1,
+                inode: 1835023,
+                path: "/usr/bin/cat".into(),
+            }
+        );
+        assert_eq!(maps[1].path, "");
+        assert_eq!(maps[1].file_path(), None);
+        assert_eq!(maps[2].dev_major, 0x103);
+        assert_eq!(maps[2].offset, 0x2000);
+        assert_eq!(maps[2].path, "/tmp/dir with spaces/lib.so (deleted)");
+        assert_eq!(maps[2].file_path(), Some("/tmp/dir with spaces/lib.so"));
+        assert!(maps[2].is_deleted() && !maps[1].is_deleted());
+        assert_eq!(maps[3].path, "[stack]");
+        assert_eq!(maps[3].file_path(), None);
+        assert_eq!(maps[4].end, 0xffffffffff601000);
+
+        let m = maps[0].to_mapping(7, 99, Some(vec![1, 2]));
+        assert_eq!(
+            (m.pid, m.time_ns, m.start, m.inode),
+            (7, 99, 0x55d0c0a00000, 1835023)
+        );
+        assert_eq!(m.build_id, Some(vec![1, 2]));
+        assert_eq!(m.path, "/usr/bin/cat");
+    }
+
+    #[test]
+    fn maps_errors_name_file_and_line() {
+        let err = parse_maps(Path::new("/proc/1/maps"), "0-1 r--p 0 0:0 0\ngarbage\n").unwrap_err();
+        assert!(matches!(err, ProcError::Parse { line: 2, .. }), "{err}");
+        assert!(err.to_string().contains("/proc/1/maps"));
+        assert!(parse_maps(Path::new("m"), "").unwrap().is_empty());
+    }
+
+    #[test]
+    fn stat_with_hostile_comm() {
+        let stat = "1234 (a) b (c)) S 77 1234 1234 0 -1 4194560 100 0 0 0";
+        assert_eq!(parse_stat_ppid(stat), Some(77));
+        assert_eq!(parse_stat_ppid("1 (init) S 0 1 1"), Some(0));
+        assert_eq!(parse_stat_ppid("1 (init"), None);
+    }
+
+    #[test]
+    fn namespaces_and_cmdline() {
+        assert_eq!(parse_namespace_link("mnt:[4026531841]"), Some(4026531841));
+        assert_eq!(parse_namespace_link("mnt:4026531841"), None);
+        assert_eq!(parse_cmdline(b"ls\0-l\0a b\0"), vec!["ls", "-l", "a b"]);
+        assert_eq!(parse_cmdline(b"ls\0\0x\0"), vec!["ls", "", "x"]);
+        assert!(parse_cmdline(b"").is_empty());
+    }
+
+    #[test]
+    fn own_process() {
+        let pid = std::process::id();
+        let p = read_process(pid).unwrap();
+        assert_eq!(p.pid, pid);
+        assert_eq!(p.ppid, std::os::unix::process::parent_id());
+        assert_eq!(p.exe, std::env::current_exe().unwrap().to_string_lossy());
+        assert_eq!(p.cmdline, std::env::args().collect::<Vec<_>>());
+        assert!(p
+            .namespaces
+            .iter()
+            .any(|(name, ino)| name == "mnt" && *ino > 0));
+        let ns_names: HashSet<_> = p.namespaces.iter().map(|(name, _)| name).collect();
+        assert_eq!(ns_names.len(), p.namespaces.len(), "{:?}", p.namespaces);
+
+        let tids = threads(pid);
+        assert!(tids.contains(&pid));
+        assert!(thread_name(pid, pid).is_some_and(|n| !n.is_empty() && !n.ends_with('\n')));
+
+        let maps = read_maps(pid).unwrap();
+        let exe = maps
+            .iter()
+            .find(|m| m.file_path() == Some(p.exe.as_str()))
+            .unwrap();
+        let file = open_mapped_file(pid, exe).unwrap();
+        assert!(is_mapped_file(&file, exe));
+        assert!(open_mapped_file(pid, maps.iter().find(|m| m.path == "[stack]").unwrap()).is_err());
+    }
+
+    #[test]
+    fn missing_process() {
+        // Above the largest pid_max (4194304), so never a live process.
+        let err = read_process(4_194_305).unwrap_err();
+        assert!(
+            matches!(err, ProcError::NoSuchProcess { pid: 4_194_305 }),
+            "{err}"
+        );
+        assert!(matches!(
+            read_maps(4_194_305),
+            Err(ProcError::NoSuchProcess { .. })
+        ));
+        assert!(threads(4_194_305).is_empty());
+        assert_eq!(thread_name(4_194_305, 1), None);
+    }
+
+    #[test]
+    fn deleted_file_through_map_files() {
+        let dir = std::env::temp_dir().join(format!("lrec-procfs-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mapped file");
+        fs::write(&path, vec![7u8; 8192]).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a private read-only mapping of a file we own, unmapped below.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        fs::remove_file(&path).unwrap();
+        let pid = std::process::id();
+        let entry = read_maps(pid)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.start == addr as u64)
+            .unwrap();
+        assert!(entry.is_deleted(), "{entry:?}");
+        let opened = open_mapped_file(pid, &entry);
+        // SAFETY: unmaps the mapping made above.
+        unsafe { libc::munmap(addr, 8192) };
+        fs::remove_dir_all(&dir).unwrap();
+        // map_files needs CAP_SYS_ADMIN; without it a deleted file cannot be opened.
+        let is_root = unsafe { libc::geteuid() } == 0;
+        if is_root {
+            assert_eq!(opened.unwrap().metadata().unwrap().len(), 8192);
+        } else {
+            assert!(opened.is_err());
+        }
+    }
+
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff81000000 T startup_64
+ffffffff81000100 t helper
+ffffffff81000200 D some_data
+ffffffff81000300 W weak_fn
+ffffffff81000400 T _etext
+ffffffffc0000000 t mod_fn\t[ext4]
+ffffffffc0000080 t mod_fn2\t[ext4]
+0000000000000000 A fixed_percpu_data
+";
+
+    #[test]
+    fn kallsyms_covering() {
+        let table = KallsymsTable::parse(Path::new("k"), KALLSYMS.to_owned()).unwrap();
+        assert_eq!(table.symbols.len(), 7);
+        let got = table.covering(
+            [
+                0xffffffffc0000010,
+                0xffffffff81000150,
+                0xffffffff81000250,
+                0xffffffff81000001,
+                5,
+            ]
+            .into_iter()
+            .chain([0xffffffff81000101, 0xffffffffc00000ff]),
+        );
+        let want: Vec<(u64, u64, String)> = vec![
+            (0xffffffff81000000, 0xffffffff81000100, "startup_64".into()),
+            (0xffffffff81000100, 0xffffffff81000300, "helper".into()),
+            (
+                0xffffffffc0000000,
+                0xffffffffc0000080,
+                "mod_fn [ext4]".into(),
+            ),
+            (0xffffffffc0000080, u64::MAX, "mod_fn2 [ext4]".into()),
+        ];
+        assert_eq!(got.symbols, want);
+        assert!(table.covering(std::iter::empty()).symbols.is_empty());
+    }
+
+    #[test]
+    fn kallsyms_hidden() {
+        let hidden = KALLSYMS
+            .lines()
+            .map(|l| format!("0000000000000000{}\n", &l[16..]))
+            .collect::<String>();
+        let err = KallsymsTable::parse(Path::new("/proc/kallsyms"), hidden).unwrap_err();
+        assert!(matches!(err, ProcError::KernelSymbolsHidden { .. }));
+        assert!(err.to_string().contains("kptr_restrict"));
+    }
+
+    #[test]
+    fn kallsyms_live() {
+        let t0 = std::time::Instant::now();
+        let table = match KallsymsTable::load() {
+            Ok(table) => table,
+            Err(ProcError::KernelSymbolsHidden { .. }) if unsafe { libc::geteuid() } != 0 => return,
+            Err(e) => panic!("{e}"),
+        };
+        let loaded = t0.elapsed();
+        let first = table.symbols[0].start;
+        let t1 = std::time::Instant::now();
+        let got = table.covering((0..10_000u64).map(|i| first + i * 64));
+        eprintln!(
+            "kallsyms: {} text symbols, load {loaded:?}, covering 10k addrs {:?} -> {}",
+            table.symbols.len(),
+            t1.elapsed(),
+            got.symbols.len()
+        );
+        assert!(!got.symbols.is_empty());
+        assert!(got
+            .symbols
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].0));
+    }
+
+    #[test]
+    fn host_and_clocks() {
+        assert!(!kernel_release().is_empty());
+        assert_eq!(
+            kernel_release(),
+            fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap()
+                .trim()
+        );
+        assert!(!hostname().is_empty());
+        assert!(page_size() >= 4096 && page_size().is_power_of_two());
+        let a = monotonic_ns();
+        assert!(monotonic_ns() >= a);
+        assert!(realtime_ns() > 1_600_000_000 * 1_000_000_000);
+    }
+}

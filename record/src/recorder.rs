@@ -1,0 +1,421 @@
+//! The recording loop: drains samples from BPF, and writes them with the process's
+//! mappings, thread names and binaries' unwind/symbol sections into the capture.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
+
+use crate::elf::{self, DebugInfo};
+use crate::procfs::{self, MapsEntry};
+use crate::raw::RawSample;
+use crate::sampler::{Sampler, SamplerConfig};
+use crate::target::{Exit, Target, STOP, STOP_SIGNAL};
+use crate::{Args, DebugMode};
+
+/// How often buffered samples are written out as a chunk: at most this much is lost if
+/// lrec is killed.
+const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// At most this often is /proc/PID/maps re-read because a sample fell outside it.
+const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
+/// Re-read /proc/PID/maps this often anyway, for libraries seen only in return addresses.
+const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// DWARF of one binary embedded by `--debuginfo auto` up to this size.
+const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
+
+pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
+    let pid = target.pid;
+    let header = Header {
+        tool_version: format!("lrec {}", env!("CARGO_PKG_VERSION")),
+        kernel_release: procfs::kernel_release(),
+        hostname: procfs::hostname(),
+        arch: std::env::consts::ARCH.into(),
+        page_size: procfs::page_size(),
+        frequency_hz: args.frequency as u32,
+        event: "cpu-clock".into(),
+        stack_size: args.stack_size,
+        command_line: std::env::args().collect(),
+        wall_clock_start_ns: procfs::realtime_ns(),
+        monotonic_start_ns: procfs::monotonic_ns(),
+        target_pid: pid,
+    };
+    let file = File::create(output).context("creating the output file")?;
+    let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &header)?;
+    let mut sampler = Sampler::attach(&SamplerConfig {
+        pid,
+        frequency_hz: args.frequency,
+        stack_size: args.stack_size,
+        ring_bytes: args.ring_mib << 20,
+    })?;
+    target.start(&args.command)?;
+    let debug = match args.debuginfo {
+        DebugMode::Auto => DebugInfo::IfSmall(AUTO_DEBUG_LIMIT),
+        DebugMode::All => DebugInfo::All,
+        DebugMode::None => DebugInfo::None,
+    };
+    let mut rec = Recording::new(pid, debug, writer);
+    rec.start()?;
+
+    let started = Instant::now();
+    let deadline = args.duration.map(Duration::from_secs_f64);
+    let status = !args.quiet && std::io::stderr().is_terminal();
+    let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
+    let reason = loop {
+        let mut failure = None;
+        sampler.poll(Duration::from_millis(100), |bytes| {
+            if failure.is_none() {
+                failure = rec.on_sample(bytes).err();
+            }
+        })?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        rec.note_lost(sampler.lost())?;
+        if last_flush.elapsed() >= FLUSH_EVERY {
+            rec.flush()?;
+            last_flush = Instant::now();
+        }
+        if status && last_status.elapsed() >= Duration::from_secs(1) {
+            rec.print_status(started.elapsed());
+            last_status = Instant::now();
+        }
+        if STOP.load(std::sync::atomic::Ordering::Relaxed) {
+            let sig = STOP_SIGNAL.load(std::sync::atomic::Ordering::Relaxed);
+            break format!("signal {sig}");
+        }
+        if deadline.is_some_and(|d| started.elapsed() >= d) {
+            break "duration".to_string();
+        }
+        if let Some(exit) = target.exited() {
+            // Drain what the last moments left in the ring buffer.
+            sampler.poll(Duration::ZERO, |bytes| {
+                let _ = rec.on_sample(bytes);
+            })?;
+            break match exit {
+                Exit::Code(c) => format!("target exited with status {c}"),
+                Exit::Signal(s) => format!("target killed by signal {s}"),
+                Exit::Gone => "target exited".to_string(),
+            };
+        }
+    };
+    if status {
+        eprint!("\r\x1b[K");
+    }
+    rec.note_lost(sampler.lost())?;
+    drop(sampler);
+    let summary = rec.finish(&reason)?;
+    if !args.quiet {
+        eprintln!(
+            "lrec: {} samples ({} lost) from {} threads in {:.1} s, {reason}\n\
+             lrec: wrote {} ({}, {} B/sample)\n\
+             lrec: next: lanalyze {} --flamegraph -o flame.svg",
+            summary.samples,
+            summary.lost,
+            summary.threads,
+            started.elapsed().as_secs_f64(),
+            output.display(),
+            human_bytes(summary.bytes),
+            summary.bytes.checked_div(summary.samples).unwrap_or(0),
+            output.display(),
+        );
+    }
+    Ok(())
+}
+
+pub struct Summary {
+    pub samples: u64,
+    pub lost: u64,
+    pub threads: usize,
+    pub bytes: u64,
+}
+
+/// A mapping already written to the capture.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct MappingKey {
+    start: u64,
+    end: u64,
+    offset: u64,
+    inode: u64,
+    path: String,
+}
+
+struct Recording {
+    pid: u32,
+    debug: DebugInfo,
+    writer: CaptureWriter<BufWriter<File>>,
+    /// Written mappings, sorted by start, for the "sample outside known mappings" check.
+    known: Vec<(u64, u64)>,
+    written: HashSet<MappingKey>,
+    /// Build-id per mapped file, keyed by (dev, inode, path).
+    build_ids: HashMap<(u32, u32, u64, String), Option<Vec<u8>>>,
+    /// Binaries embedded, by build-id or by path when there is none.
+    embedded: HashSet<Vec<u8>>,
+    threads: HashMap<u32, String>,
+    kernel_addrs: HashSet<u64>,
+    last_maps_read: Instant,
+    samples: u64,
+    lost: u64,
+}
+
+impl Recording {
+    fn new(pid: u32, debug: DebugInfo, writer: CaptureWriter<BufWriter<File>>) -> Recording {
+        Recording {
+            pid,
+            debug,
+            writer,
+            known: Vec::new(),
+            written: HashSet::new(),
+            build_ids: HashMap::new(),
+            embedded: HashSet::new(),
+            threads: HashMap::new(),
+            kernel_addrs: HashSet::new(),
+            last_maps_read: Instant::now(),
+            samples: 0,
+            lost: 0,
+        }
+    }
+
+    /// Writes the process, its threads and its mappings as they are at attach.
+    fn start(&mut self) -> Result<()> {
+        let process = procfs::read_process(self.pid)?;
+        self.writer.push(&Record::Process(process))?;
+        for tid in procfs::threads(self.pid) {
+            self.note_thread(tid)?;
+        }
+        self.refresh_maps()?;
+        self.writer.flush()?;
+        Ok(())
+    }
+
+    fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
+        let sample = RawSample::decode(bytes)?;
+        if !self.threads.contains_key(&sample.tid) {
+            self.note_thread(sample.tid)?;
+        }
+        let since = self.last_maps_read.elapsed();
+        let missed = sample.regs.ip != 0 && !self.is_known(sample.regs.ip);
+        if (missed && since >= MAPS_MISS_REFRESH) || since >= MAPS_REFRESH {
+            self.refresh_maps()?;
+        }
+        self.kernel_addrs.extend(&sample.kernel_stack);
+        self.samples += 1;
+        self.writer.push(&Record::Sample(sample))?;
+        Ok(())
+    }
+
+    fn is_known(&self, addr: u64) -> bool {
+        let i = self.known.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < self.known[i - 1].1
+    }
+
+    fn note_thread(&mut self, tid: u32) -> Result<()> {
+        let name = procfs::thread_name(self.pid, tid).unwrap_or_default();
+        self.threads.insert(tid, name.clone());
+        if !name.is_empty() {
+            self.writer.push(&Record::ThreadName(ThreadName {
+                pid: self.pid,
+                tid,
+                name,
+            }))?;
+        }
+        Ok(())
+    }
+
+    fn note_lost(&mut self, total: u64) -> Result<()> {
+        if total > self.lost {
+            self.writer.push(&Record::Lost(Lost {
+                time_ns: procfs::monotonic_ns(),
+                count: total - self.lost,
+            }))?;
+            self.lost = total;
+        }
+        Ok(())
+    }
+
+    /// Writes mappings not written yet, and the sections of binaries not embedded yet.
+    fn refresh_maps(&mut self) -> Result<()> {
+        self.last_maps_read = Instant::now();
+        let entries = match procfs::read_maps(self.pid) {
+            Ok(e) => e,
+            // The target may be exiting; samples already taken keep earlier mappings.
+            Err(_) if !self.written.is_empty() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let now = procfs::monotonic_ns();
+        for entry in entries {
+            let key = MappingKey {
+                start: entry.start,
+                end: entry.end,
+                offset: entry.offset,
+                inode: entry.inode,
+                path: entry.path.clone(),
+            };
+            if self.written.contains(&key) {
+                continue;
+            }
+            let build_id = self.build_id_of(&entry);
+            if entry.perms.contains('x') {
+                self.embed(&entry, &build_id)?;
+            }
+            self.writer
+                .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
+            self.written.insert(key);
+            let i = self.known.partition_point(|&(s, _)| s < entry.start);
+            self.known.insert(i, (entry.start, entry.end));
+        }
+        Ok(())
+    }
+
+    fn build_id_of(&mut self, entry: &MapsEntry) -> Option<Vec<u8>> {
+        if !is_file(entry) {
+            return None;
+        }
+        let key = (
+            entry.dev_major,
+            entry.dev_minor,
+            entry.inode,
+            entry.path.clone(),
+        );
+        if let Some(b) = self.build_ids.get(&key) {
+            return b.clone();
+        }
+        let id = read_head(self.pid, entry).and_then(|d| elf::build_id(&d));
+        self.build_ids.insert(key, id.clone());
+        id
+    }
+
+    /// Embeds the binary behind an executable mapping, once per build-id (or path).
+    fn embed(&mut self, entry: &MapsEntry, build_id: &Option<Vec<u8>>) -> Result<()> {
+        let key = build_id
+            .clone()
+            .unwrap_or_else(|| entry.path.as_bytes().to_vec());
+        if self.embedded.contains(&key) || !(is_file(entry) || entry.path == "[vdso]") {
+            return Ok(());
+        }
+        self.embedded.insert(key);
+        let data = if entry.path == "[vdso]" {
+            read_memory(self.pid, entry.start, entry.end - entry.start)
+        } else {
+            procfs::open_mapped_file(self.pid, entry).and_then(|mut f| {
+                let mut v = Vec::new();
+                f.read_to_end(&mut v).map(|_| v)
+            })
+        };
+        let binary = match data {
+            Ok(d) => elf::binary_record(&entry.path, &d, self.debug),
+            Err(e) => Binary {
+                build_id: build_id.clone(),
+                path: entry.path.clone(),
+                error: Some(format!("cannot read {}: {e}", entry.path)),
+                ..Binary::default()
+            },
+        };
+        self.writer.push(&Record::Binary(binary))?;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.writer.flush()?;
+        Ok(())
+    }
+
+    fn print_status(&self, elapsed: Duration) {
+        eprint!(
+            "\r\x1b[K[lrec] {:.0} s  {} samples  {} lost  {} threads  {}",
+            elapsed.as_secs_f64(),
+            self.samples,
+            self.lost,
+            self.threads.len(),
+            human_bytes(self.writer.bytes_written()),
+        );
+    }
+
+    fn finish(mut self, reason: &str) -> Result<Summary> {
+        // Threads may have renamed themselves since first seen.
+        let tids: Vec<u32> = self.threads.keys().copied().collect();
+        for tid in tids {
+            if let Some(name) = procfs::thread_name(self.pid, tid) {
+                if self.threads.get(&tid) != Some(&name) {
+                    self.writer.push(&Record::ThreadName(ThreadName {
+                        pid: self.pid,
+                        tid,
+                        name,
+                    }))?;
+                }
+            }
+        }
+        if !self.kernel_addrs.is_empty() {
+            match procfs::KallsymsTable::load() {
+                Ok(table) => {
+                    let syms = table.covering(self.kernel_addrs.iter().copied());
+                    self.writer.push(&Record::KernelSymbols(syms))?;
+                }
+                Err(e) => eprintln!("lrec: warning: kernel frames stay unnamed: {e}"),
+            }
+        }
+        self.writer.push(&Record::End(End {
+            time_ns: procfs::monotonic_ns(),
+            samples: self.samples,
+            lost: self.lost,
+            reason: reason.to_string(),
+        }))?;
+        let threads = self.threads.len();
+        let mut out = self.writer.finish()?;
+        out.flush()?;
+        let bytes = out.get_ref().metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(Summary {
+            samples: self.samples,
+            lost: self.lost,
+            threads,
+            bytes,
+        })
+    }
+}
+
+fn is_file(entry: &MapsEntry) -> bool {
+    entry.inode != 0 && entry.path.starts_with('/')
+}
+
+/// The first 64 KiB of a mapped file: enough for the ELF headers and build-id note.
+fn read_head(pid: u32, entry: &MapsEntry) -> Option<Vec<u8>> {
+    let mut f = procfs::open_mapped_file(pid, entry).ok()?;
+    let mut v = Vec::new();
+    Read::by_ref(&mut f)
+        .take(64 << 10)
+        .read_to_end(&mut v)
+        .ok()?;
+    Some(v)
+}
+
+/// Reads the target's memory (the vDSO, which has no file).
+fn read_memory(pid: u32, addr: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut f = File::open(format!("/proc/{pid}/mem"))?;
+    f.seek(SeekFrom::Start(addr))?;
+    let mut v = vec![0; len as usize];
+    f.read_exact(&mut v)?;
+    Ok(v)
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 10 << 20 => format!("{} MiB", n >> 20),
+        n if n >= 10 << 10 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(999), "999 B");
+        assert_eq!(human_bytes(20 << 10), "20 KiB");
+        assert_eq!(human_bytes(30 << 20), "30 MiB");
+    }
+}

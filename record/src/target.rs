@@ -1,0 +1,215 @@
+//! The process being recorded: an existing PID, or a command lrec starts and holds at a
+//! gate until sampling is attached, so its first instructions are sampled too.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error("no such process: {0} (is the PID right, and is it in this PID namespace?)")]
+    NoSuchProcess(u32),
+    #[error("command is empty")]
+    EmptyCommand,
+    #[error("command argument contains a NUL byte")]
+    NulInCommand,
+    #[error("{call} failed")]
+    Sys {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run `{cmd}`: {source}")]
+    Exec {
+        cmd: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn sys(call: &'static str) -> TargetError {
+    TargetError::Sys {
+        call,
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// How the target ended, once it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    /// An attached process is gone; its status belongs to its parent.
+    Gone,
+}
+
+pub struct Target {
+    pub pid: u32,
+    /// Write end of the start gate of a spawned child.
+    gate: Option<i32>,
+    spawned: bool,
+    exit: Option<Exit>,
+}
+
+impl Target {
+    pub fn attach(pid: u32) -> Result<Target, TargetError> {
+        // SAFETY: signal 0 only checks that the process exists.
+        if unsafe { libc::kill(pid as i32, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+        {
+            return Err(TargetError::NoSuchProcess(pid));
+        }
+        Ok(Target {
+            pid,
+            gate: None,
+            spawned: false,
+            exit: None,
+        })
+    }
+
+    /// Forks `cmd`; the child waits at a gate until [`Target::start`].
+    pub fn spawn(cmd: &[String]) -> Result<Target, TargetError> {
+        if cmd.is_empty() {
+            return Err(TargetError::EmptyCommand);
+        }
+        let args: Vec<CString> = cmd
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).map_err(|_| TargetError::NulInCommand))
+            .collect::<Result<_, _>>()?;
+        let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut gate = [0i32; 2];
+        let mut report = [0i32; 2];
+        // SAFETY: plain pipe creation into valid arrays.
+        if unsafe { libc::pipe2(gate.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+            || unsafe { libc::pipe2(report.as_mut_ptr(), libc::O_CLOEXEC) } != 0
+        {
+            return Err(sys("pipe2"));
+        }
+        // SAFETY: after fork the child only calls async-signal-safe functions (read,
+        // execvp, write, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(sys("fork"));
+        }
+        if pid == 0 {
+            unsafe {
+                let mut b = 0u8;
+                libc::read(gate[0], (&mut b as *mut u8).cast(), 1);
+                if b != 1 {
+                    libc::_exit(127);
+                }
+                libc::execvp(argv[0], argv.as_ptr());
+                let errno = *libc::__errno_location();
+                libc::write(report[1], (&errno as *const i32).cast(), 4);
+                libc::_exit(127);
+            }
+        }
+        // SAFETY: closing our copies of the child's ends.
+        unsafe {
+            libc::close(gate[0]);
+            libc::close(report[1]);
+        }
+        EXEC_REPORT.store(report[0], Ordering::Relaxed);
+        Ok(Target {
+            pid: pid as u32,
+            gate: Some(gate[1]),
+            spawned: true,
+            exit: None,
+        })
+    }
+
+    /// Lets a spawned child exec its command; reports a failed exec.
+    pub fn start(&mut self, cmd: &[String]) -> Result<(), TargetError> {
+        let Some(fd) = self.gate.take() else {
+            return Ok(());
+        };
+        let one = 1u8;
+        // SAFETY: writes one byte to our pipe, then closes it.
+        unsafe {
+            libc::write(fd, (&one as *const u8).cast(), 1);
+            libc::close(fd);
+        }
+        let report = EXEC_REPORT.swap(-1, Ordering::Relaxed);
+        let mut errno = 0i32;
+        // SAFETY: blocks until exec succeeds (CLOEXEC closes the pipe) or the child
+        // reports errno.
+        let n = unsafe { libc::read(report, (&mut errno as *mut i32).cast(), 4) };
+        unsafe { libc::close(report) };
+        if n == 4 {
+            return Err(TargetError::Exec {
+                cmd: cmd.join(" "),
+                source: std::io::Error::from_raw_os_error(errno),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether the target has ended (non-blocking).
+    pub fn exited(&mut self) -> Option<Exit> {
+        if self.exit.is_some() {
+            return self.exit;
+        }
+        if self.spawned {
+            let mut status = 0;
+            // SAFETY: reaps our own child without blocking.
+            let r = unsafe { libc::waitpid(self.pid as i32, &mut status, libc::WNOHANG) };
+            if r == self.pid as i32 {
+                self.exit = Some(if libc::WIFEXITED(status) {
+                    Exit::Code(libc::WEXITSTATUS(status))
+                } else {
+                    Exit::Signal(libc::WTERMSIG(status))
+                });
+            }
+        } else if !std::path::Path::new(&format!("/proc/{}/stat", self.pid)).exists()
+            || is_zombie(self.pid)
+        {
+            self.exit = Some(Exit::Gone);
+        }
+        self.exit
+    }
+
+    /// Ends a spawned child that is still running (when lrec stops first).
+    pub fn stop_child(&mut self) {
+        if self.spawned && self.exited().is_none() {
+            // SAFETY: signals and reaps our own child.
+            unsafe {
+                libc::kill(self.pid as i32, libc::SIGTERM);
+                let mut status = 0;
+                libc::waitpid(self.pid as i32, &mut status, 0);
+            }
+        }
+    }
+}
+
+static EXEC_REPORT: AtomicI32 = AtomicI32::new(-1);
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// Set by SIGINT / SIGTERM / SIGHUP.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+pub static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::Relaxed);
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished.
+pub fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to atomics.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# lrec vs perf, side by side on the same process at the same time (ratios, not absolute
+# times: these machines are shared and noisy).
+#   1. bytes per sample: lrec capture (embedded sections included) vs
+#      `perf record --call-graph dwarf,16384 -z`
+#   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HZ=${HZ:-999}
+SECS=${SECS:-6}
+OUT=${OUT:-target/bench}
+mkdir -p "$OUT"
+rm -f "$OUT"/{lrec.lrec,perf.data}
+
+fixtures/build/native $((SECS + 4)) >/dev/null &
+target=$!
+trap 'kill $target 2>/dev/null || true' EXIT
+sleep 0.5
+
+./target/release/lrec -q -F "$HZ" -d "$SECS" -p "$target" -o "$OUT/lrec.lrec" &
+lrec=$!
+perf record -q -F "$HZ" --call-graph dwarf,16384 -z -p "$target" -o "$OUT/perf.data" -- sleep "$SECS" 2>/dev/null &
+perf=$!
+wait $lrec $perf
+kill $target 2>/dev/null || true
+
+now() { date +%s.%N; }
+
+lrec_bytes=$(stat -c %s "$OUT/lrec.lrec")
+t0=$(now)
+./target/release/lanalyze "$OUT/lrec.lrec" --folded --offline >"$OUT/lrec.folded" 2>/dev/null
+t1=$(now)
+lrec_samples=$(awk '{s += $NF} END {print s}' "$OUT/lrec.folded")
+
+perf_bytes=$(stat -c %s "$OUT/perf.data")
+perf_samples=$(perf script -i "$OUT/perf.data" -F tid 2>/dev/null | wc -l)
+t2=$(now)
+perf script -i "$OUT/perf.data" >"$OUT/perf.script" 2>/dev/null
+t3=$(now)
+
+awk -v lb="$lrec_bytes" -v ls="$lrec_samples" -v t0="$t0" -v t1="$t1" \
+    -v pb="$perf_bytes" -v ps="$perf_samples" -v t2="$t2" -v t3="$t3" \
+    -v hz="$HZ" -v secs="$SECS" 'BEGIN {
+  lt = t1 - t0; pt = t3 - t2
+  printf "workload: fixtures/build/native (2 busy threads), %d Hz, %d s, lrec and perf at once\n\n", hz, secs
+  printf "%-28s %14s %14s %10s\n", "", "lrec", "perf", "lrec/perf"
+  printf "%-28s %14d %14d\n", "samples", ls, ps
+  printf "%-28s %14d %14d %10.2f\n", "capture bytes", lb, pb, lb / pb
+  printf "%-28s %14.0f %14.0f %10.2f  (target <= 0.8)\n", "bytes/sample", lb / ls, pb / ps, (lb / ls) / (pb / ps)
+  printf "%-28s %14.2f %14.2f\n", "analysis seconds", lt, pt
+  printf "%-28s %14.0f %14.0f %10.1f  (target >= 20)\n", "analysis samples/s", ls / lt, ps / pt, (ls / lt) / (ps / pt)
+}'

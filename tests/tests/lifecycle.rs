@@ -1,0 +1,68 @@
+//! Acceptance 4: a target that exits before -d ends, a thread created after attach and a
+//! library dlopen'ed after attach are all sampled, unwound and symbolized.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lrec_e2e::*;
+
+#[test]
+fn late_threads_dlopen_and_early_exit() {
+    let Some(_guard) = bpf_test("late_threads_dlopen_and_early_exit") else {
+        return;
+    };
+    let dir = tempfile_dir("lifecycle");
+    let cap = dir.join("lifecycle.lrec");
+    let mut target = Command::new(fixture("lifecycle"))
+        .arg(fixture("libplugin.so"))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let out = run(Command::new(bin("lrec"))
+        .args([
+            "-F",
+            "499",
+            "-d",
+            "15",
+            "-q",
+            "-p",
+            &target.id().to_string(),
+            "-o",
+        ])
+        .arg(&cap));
+    let took = started.elapsed();
+    assert!(target.wait().unwrap().success());
+    eprintln!(
+        "lrec stopped after {took:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "lrec did not stop when the target exited"
+    );
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let truth = Truth::new(
+        &["main", "late_main"],
+        &[
+            ("late_work", "late_main;late_work"),
+            ("plugin_leaf", "main;run_plugin;plugin_entry;plugin_leaf"),
+            ("plugin_entry", "main;run_plugin;plugin_entry"),
+        ],
+    );
+    let s = score(&stacks, &truth);
+    eprintln!(
+        "lifecycle: {}/{} exact, {:?}",
+        s.exact, s.judged, s.per_leaf
+    );
+    for leaf in ["late_work", "plugin_leaf"] {
+        assert!(
+            s.per_leaf.get(leaf).copied().unwrap_or(0) >= 50,
+            "{leaf} barely sampled: {:?}",
+            s.per_leaf
+        );
+    }
+    assert!(s.fraction() >= 0.99, "wrong stacks: {:#?}", s.wrong);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,154 @@
+//! Acceptance 1, 2, 3 and 5 of the native spine: exact stacks against ground truth, offline
+//! analysis after the binary is gone, a recorder killed mid-way, no lost samples.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lrec_e2e::*;
+
+fn assert_exact(score: &Score, what: &str) {
+    eprintln!(
+        "{what}: {}/{} samples exact ({:.2} %), per leaf {:?}",
+        score.exact,
+        score.judged,
+        100.0 * score.fraction(),
+        score.per_leaf
+    );
+    assert!(score.judged > 0, "{what}: no sample had a workload leaf");
+    assert!(
+        score.fraction() >= 0.99,
+        "{what}: only {:.2} % exact; wrong stacks: {:#?}",
+        100.0 * score.fraction(),
+        score.wrong
+    );
+}
+
+/// 499 Hz for 5 s on a copy of the workload; then the copy is deleted and `--offline`
+/// must give the very same folded stacks.
+#[test]
+fn native_stacks_are_exact_and_survive_deleting_the_binary() {
+    let Some(_guard) = bpf_test("native_stacks_are_exact") else {
+        return;
+    };
+    let dir = tempfile_dir("native");
+    let exe = dir.join("native");
+    std::fs::copy(fixture("native"), &exe).unwrap();
+    let cap = dir.join("native.lrec");
+    run(Command::new(bin("lrec"))
+        .args(["-F", "499", "-q", "-o"])
+        .arg(&cap)
+        .arg("--")
+        .arg(&exe)
+        .arg("5"));
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let score = score(&stacks, &native_truth());
+    assert_exact(&score, "native at 499 Hz");
+    for leaf in [
+        "chain_d",
+        "compare_ints",
+        "recurse_leaf",
+        "tail_callee",
+        "worker_c",
+    ] {
+        assert!(
+            score.per_leaf.get(leaf).copied().unwrap_or(0) >= 20,
+            "too few samples in {leaf}: {:?}",
+            score.per_leaf
+        );
+    }
+
+    let with_file = run(Command::new(bin("lanalyze"))
+        .arg(&cap)
+        .args(["--folded", "--offline"]))
+    .stdout;
+    std::fs::remove_file(&exe).unwrap();
+    let without = run(Command::new(bin("lanalyze"))
+        .arg(&cap)
+        .args(["--folded", "--offline"]))
+    .stdout;
+    assert_eq!(
+        with_file, without,
+        "--offline output changed when the binary was deleted"
+    );
+    let default_mode = run(Command::new(bin("lanalyze")).arg(&cap).arg("--folded")).stdout;
+    assert_eq!(
+        with_file, default_mode,
+        "embedded sections and local files disagree"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// lrec SIGKILLed 4 s into a 20 s recording: the capture still holds those seconds.
+#[test]
+fn capture_of_a_killed_recorder_is_readable_and_exact() {
+    let Some(_guard) = bpf_test("capture_of_a_killed_recorder") else {
+        return;
+    };
+    let dir = tempfile_dir("killed");
+    let cap = dir.join("killed.lrec");
+    let mut target = Command::new(fixture("native"))
+        .arg("30")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lrec = Command::new(bin("lrec"))
+        .args([
+            "-F",
+            "499",
+            "-d",
+            "20",
+            "-q",
+            "-p",
+            &target.id().to_string(),
+            "-o",
+        ])
+        .arg(&cap)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    lrec.kill().unwrap(); // SIGKILL
+    lrec.wait().unwrap();
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (samples, _, warnings) = capture_totals(&cap);
+    eprintln!("killed capture: {samples} samples, warnings {warnings:?}");
+    // Two busy threads at 499 Hz: ~1000 samples/s, and at most the last second is lost.
+    assert!(samples >= 2000, "only {samples} samples survived");
+    let (stacks, stderr) = folded(&cap, &[]);
+    assert!(
+        stderr.contains("cut short"),
+        "no cut-short warning: {stderr}"
+    );
+    assert_exact(&score(&stacks, &native_truth()), "killed recorder");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// 999 Hz with two busy threads: nothing lost.
+#[test]
+fn no_samples_lost_at_999_hz() {
+    let Some(_guard) = bpf_test("no_samples_lost_at_999_hz") else {
+        return;
+    };
+    let dir = tempfile_dir("lost");
+    let cap = dir.join("lost.lrec");
+    run(Command::new(bin("lrec"))
+        .args(["-F", "999", "-q", "-o"])
+        .arg(&cap)
+        .arg("--")
+        .arg(fixture("native"))
+        .arg("3"));
+    let (samples, lost, _) = capture_totals(&cap);
+    eprintln!("999 Hz: {samples} samples, {lost} lost");
+    assert_eq!(lost, 0);
+    // ~2 busy threads × 999 Hz × 3 s, on a shared 2-core machine.
+    assert!(samples >= 3000, "only {samples} samples");
+    let info = run(Command::new(bin("lanalyze")).arg(&cap).arg("--info")).stdout;
+    let info = String::from_utf8(info).unwrap();
+    assert!(
+        info.contains("lost"),
+        "--info does not report lost samples:\n{info}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
