@@ -22,8 +22,9 @@ use crate::{Args, DebugMode};
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// At most this often is /proc/PID/maps re-read because a sample fell outside it.
 const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
-/// Re-read /proc/PID/maps this often anyway, for libraries seen only in return addresses.
-const MAPS_REFRESH: Duration = Duration::from_secs(1);
+/// Re-read /proc/PID/maps this often anyway: libraries that appear only in return
+/// addresses (libc under a callback, ld.so's work right after exec) never cause a miss.
+const MAPS_REFRESH: Duration = Duration::from_millis(100);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
 const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
 
@@ -75,6 +76,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
             return Err(e);
         }
         rec.note_lost(sampler.lost())?;
+        rec.refresh_maps_every(MAPS_REFRESH)?;
         if last_flush.elapsed() >= FLUSH_EVERY {
             rec.flush()?;
             last_flush = Instant::now();
@@ -196,9 +198,8 @@ impl Recording {
         if !self.threads.contains_key(&sample.tid) {
             self.note_thread(sample.tid)?;
         }
-        let since = self.last_maps_read.elapsed();
         let missed = sample.regs.ip != 0 && !self.is_known(sample.regs.ip);
-        if (missed && since >= MAPS_MISS_REFRESH) || since >= MAPS_REFRESH {
+        if missed && self.last_maps_read.elapsed() >= MAPS_MISS_REFRESH {
             self.refresh_maps()?;
         }
         self.kernel_addrs.extend(&sample.kernel_stack);
@@ -232,6 +233,13 @@ impl Recording {
                 count: total - self.lost,
             }))?;
             self.lost = total;
+        }
+        Ok(())
+    }
+
+    fn refresh_maps_every(&mut self, period: Duration) -> Result<()> {
+        if self.last_maps_read.elapsed() >= period {
+            self.refresh_maps()?;
         }
         Ok(())
     }
