@@ -1,1 +1,89 @@
-// placeholder
+//! lanalyze: offline unwinding, symbolization and rendering of lrec captures.
+//!
+//! [`analyze`] is the one interpreter of a capture's raw data: it unwinds every sample's
+//! registers and stack bytes with framehop over the unwind sections the capture embeds,
+//! names the addresses from embedded symbol tables and DWARF, and returns a [`Profile`]
+//! that every renderer in [`render`] reads. The core performs no I/O besides reading the
+//! capture; local copies of binaries come only through a [`BinaryLocator`], whose file
+//! system implementation lives in [`loader`].
+
+mod address_space;
+mod analysis;
+mod image;
+pub mod loader;
+mod metadata;
+mod profile;
+pub mod render;
+mod symbolize;
+mod symbols;
+mod unwind;
+
+use lrec_format::{Binary, Capture};
+
+pub use image::LocalFile;
+pub use profile::{
+    BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
+};
+
+/// What [`analyze`] should do.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Never read local files: the result depends on the capture alone.
+    pub offline: bool,
+    /// Keep only samples of this process.
+    pub pid: Option<u32>,
+    /// Keep only samples of this thread.
+    pub tid: Option<u32>,
+}
+
+/// Errors that stop an analysis. Damaged data does not: it is counted and warned about.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyzeError {
+    #[error("the capture was recorded on {arch}; lanalyze can only unwind x86_64 captures")]
+    UnsupportedArch { arch: String },
+}
+
+/// What a [`BinaryLocator`] is asked to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted {
+    /// The capture lacks the binary's unwind or symbol sections.
+    pub sections: bool,
+    /// The capture lacks DWARF debug info for it.
+    pub debug_info: bool,
+}
+
+/// Supplies local copies of recorded binaries (or their debug files) that are provably the
+/// recorded build.
+pub trait BinaryLocator: Sync {
+    /// Files whose sections complete `binary`, best first. `mapping_paths` are the paths it
+    /// was mapped under.
+    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<LocalFile>;
+}
+
+/// A locator that finds nothing: the capture alone is used.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoLocalFiles;
+
+impl BinaryLocator for NoLocalFiles {
+    fn locate(&self, _: &Binary, _: &[&str], _: Wanted) -> Vec<LocalFile> {
+        Vec::new()
+    }
+}
+
+/// Analyses a capture, reading local binaries for what it lacks unless `opts.offline`.
+pub fn analyze(capture: &Capture, opts: &Options) -> Result<Profile, AnalyzeError> {
+    if opts.offline {
+        analyze_with(capture, opts, &NoLocalFiles)
+    } else {
+        analyze_with(capture, opts, &loader::LocalFiles::default())
+    }
+}
+
+/// Analyses a capture with local files supplied by `locator`.
+pub fn analyze_with(
+    capture: &Capture,
+    opts: &Options,
+    locator: &dyn BinaryLocator,
+) -> Result<Profile, AnalyzeError> {
+    analysis::run(capture, opts, locator)
+}

@@ -279,7 +279,8 @@ impl Recording {
     }
 
     fn build_id_of(&mut self, entry: &MapsEntry) -> Option<Vec<u8>> {
-        if !is_file(entry) {
+        let vdso = entry.path == "[vdso]";
+        if !is_file(entry) && !vdso {
             return None;
         }
         let key = (
@@ -291,7 +292,12 @@ impl Recording {
         if let Some(b) = self.build_ids.get(&key) {
             return b.clone();
         }
-        let id = read_head(self.pid, entry).and_then(|d| elf::build_id(&d));
+        let head = if vdso {
+            read_memory(self.pid, entry.start, entry.end - entry.start).ok()
+        } else {
+            read_head(self.pid, entry)
+        };
+        let id = head.and_then(|d| elf::build_id(&d));
         self.build_ids.insert(key, id.clone());
         id
     }

@@ -42,8 +42,8 @@ fn native_stacks_are_exact_and_survive_deleting_the_binary() {
         .arg("5"));
 
     let (stacks, _) = folded(&cap, &["--offline"]);
-    let score = score(&stacks, &native_truth());
-    assert_exact(&score, "native at 499 Hz");
+    let exact = score(&stacks, &native_truth());
+    assert_exact(&exact, "native at 499 Hz");
     for leaf in [
         "chain_d",
         "compare_ints",
@@ -52,9 +52,9 @@ fn native_stacks_are_exact_and_survive_deleting_the_binary() {
         "worker_c",
     ] {
         assert!(
-            score.per_leaf.get(leaf).copied().unwrap_or(0) >= 20,
+            exact.per_leaf.get(leaf).copied().unwrap_or(0) >= 20,
             "too few samples in {leaf}: {:?}",
-            score.per_leaf
+            exact.per_leaf
         );
     }
 
@@ -71,10 +71,12 @@ fn native_stacks_are_exact_and_survive_deleting_the_binary() {
         with_file, without,
         "--offline output changed when the binary was deleted"
     );
-    let default_mode = run(Command::new(bin("lanalyze")).arg(&cap).arg("--folded")).stdout;
-    assert_eq!(
-        with_file, default_mode,
-        "embedded sections and local files disagree"
+    // Without --offline, local debug files (e.g. libc6-dbg) may add names; the stacks
+    // must be just as exact.
+    let (stacks, _) = folded(&cap, &[]);
+    assert_exact(
+        &score(&stacks, &native_truth()),
+        "native, local debug files allowed",
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

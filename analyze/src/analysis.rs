@@ -1,0 +1,569 @@
+//! The analysis pipeline: metadata pass, images, per-process maps, parallel unwinding,
+//! per-image symbolization, and assembly of the [`Profile`].
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use lrec_format::{sample_flags, Capture, Mapping, Record, Sample};
+use rayon::prelude::*;
+
+use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
+use crate::image::{basename, Image};
+use crate::metadata::{read_metadata, Metadata};
+use crate::profile::{
+    BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
+};
+use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
+use crate::unwind::{unwind_user, StackEnd, UnwindCache};
+use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
+
+const DEFAULT_PAGE_SIZE: u64 = 4096;
+
+/// A user frame located in the process's memory map.
+#[derive(Debug, Clone)]
+enum UserFrame {
+    /// In a mapped image: named by its symbols at `lookup_svma`.
+    Image {
+        image: usize,
+        lookup_svma: u64,
+        module: Arc<str>,
+        file_offset: u64,
+    },
+    /// In a mapping without a usable image (`[vdso]`, a file lrec could not read).
+    Mapped { module: Arc<str>, file_offset: u64 },
+    /// In no mapping, or in anonymous memory.
+    Unmapped,
+}
+
+/// A region that unwinding had to cross without unwind info.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum WithoutUnwindInfo {
+    Image(usize),
+    Region(Arc<str>),
+}
+
+struct UnwoundSample {
+    time_ns: u64,
+    pid: u32,
+    tid: u32,
+    /// Leaf first.
+    user: Vec<UserFrame>,
+    /// Innermost first, as recorded.
+    kernel: Vec<u64>,
+    end: StackEnd,
+    kernel_mode: bool,
+    no_mappings: bool,
+    without_unwind_info: Vec<WithoutUnwindInfo>,
+}
+
+pub fn run(
+    capture: &Capture,
+    opts: &Options,
+    locator: &dyn BinaryLocator,
+) -> Result<Profile, AnalyzeError> {
+    let meta = read_metadata(capture);
+    let header = meta.header.clone().unwrap_or_default();
+    if !header.arch.is_empty() && header.arch != "x86_64" {
+        return Err(AnalyzeError::UnsupportedArch { arch: header.arch });
+    }
+    let mut warnings = WarningCounter::default();
+    for w in &meta.read_warnings {
+        warnings.add(w.to_string());
+    }
+    if meta.header.is_none() {
+        warnings.add("the capture has no header record; recording details are unknown".into());
+    }
+    let page_size = match header.page_size {
+        0 => DEFAULT_PAGE_SIZE,
+        p => u64::from(p),
+    };
+    let images = build_images(&meta, locator);
+    let image_of = meta.binary_index();
+    let mut mappings_by_pid: BTreeMap<u32, Vec<&Mapping>> = BTreeMap::new();
+    for m in &meta.mappings {
+        mappings_by_pid.entry(m.pid).or_default().push(m);
+    }
+    let maps: HashMap<u32, ProcessMaps> = mappings_by_pid
+        .into_par_iter()
+        .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
+        .collect();
+
+    let unwound: Vec<UnwoundSample> = capture
+        .chunks()
+        .par_iter()
+        .zip(meta.chunk_has_samples.par_iter())
+        .map_init(UnwindCache::new, |cache, (chunk, &has_samples)| {
+            if !has_samples {
+                return Vec::new();
+            }
+            let (records, _) = capture.decode_chunk(chunk);
+            records
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Sample(s) => Some(s),
+                    _ => None,
+                })
+                .filter(|s| opts.pid.is_none_or(|p| p == s.pid))
+                .filter(|s| opts.tid.is_none_or(|t| t == s.tid))
+                .map(|s| unwind_sample(&s, maps.get(&s.pid), cache))
+                .collect::<Vec<_>>()
+        })
+        .flatten()
+        .collect();
+
+    let names = symbolize_images(&images, &unwound, &mut warnings);
+    let kernel = KernelSymbolizer::new(meta.kernel_symbols.clone());
+    Ok(assemble(
+        &meta, header, &images, unwound, &names, &kernel, warnings,
+    ))
+}
+
+/// Images of the capture's binaries, completed from local files where the locator finds
+/// them.
+fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
+    meta.binaries
+        .par_iter()
+        .map(|binary| {
+            let mut image = Image::from_binary(binary);
+            let wanted = Wanted {
+                sections: binary.error.is_some() || !image.has_unwind_info(),
+                debug_info: !image.has_dwarf(),
+            };
+            if wanted.sections || wanted.debug_info {
+                let mut paths: Vec<&str> = meta
+                    .mappings
+                    .iter()
+                    .filter(|m| match &binary.build_id {
+                        Some(id) => m.build_id.as_ref() == Some(id),
+                        None => m.build_id.is_none() && m.path == binary.path,
+                    })
+                    .map(|m| m.path.as_str())
+                    .collect();
+                paths.sort_unstable();
+                paths.dedup();
+                for file in locator.locate(binary, &paths, wanted) {
+                    image.complete_from(file);
+                }
+            }
+            image
+        })
+        .collect()
+}
+
+fn unwind_sample(s: &Sample, maps: Option<&ProcessMaps>, cache: &mut UnwindCache) -> UnwoundSample {
+    let space = maps.and_then(|m| m.at(s.time_ns));
+    let no_regs = s.flags & sample_flags::NO_USER_REGS != 0 || s.regs.ip == 0;
+    let mut out = UnwoundSample {
+        time_ns: s.time_ns,
+        pid: s.pid,
+        tid: s.tid,
+        user: Vec::new(),
+        kernel: s.kernel_stack.clone(),
+        end: StackEnd::Complete,
+        kernel_mode: s.flags & sample_flags::KERNEL_MODE != 0 || !s.kernel_stack.is_empty(),
+        no_mappings: false,
+        without_unwind_info: Vec::new(),
+    };
+    match space {
+        // A kernel thread has neither user registers nor mappings: nothing is missing.
+        _ if no_regs => {
+            if space.is_some_and(|sp| !sp.is_empty()) {
+                out.end = StackEnd::Failed;
+            }
+        }
+        None => {
+            out.user.push(UserFrame::Unmapped);
+            out.end = StackEnd::Failed;
+            out.no_mappings = true;
+        }
+        Some(space) => {
+            let stack = unwind_user(space, &s.regs, &s.user_stack, cache);
+            out.user = stack
+                .frames
+                .iter()
+                .map(|a| locate(space, a.lookup_avma(), a.avma))
+                .collect();
+            out.end = stack.end;
+            out.without_unwind_info = stack
+                .without_unwind_info
+                .iter()
+                .filter_map(|&start| space.region(start))
+                .map(|r| match r.image {
+                    Some(i) => WithoutUnwindInfo::Image(i),
+                    None => WithoutUnwindInfo::Region(r.name.clone()),
+                })
+                .collect();
+        }
+    }
+    out
+}
+
+fn locate(space: &AddressSpace, lookup_avma: u64, avma: u64) -> UserFrame {
+    let Some(r) = space.region(lookup_avma) else {
+        return UserFrame::Unmapped;
+    };
+    if r.name.is_empty() {
+        return UserFrame::Unmapped;
+    }
+    let file_offset = r.file_offset(avma);
+    match (r.image, r.bias) {
+        (Some(image), Some(bias)) => UserFrame::Image {
+            image,
+            lookup_svma: lookup_avma.wrapping_sub(bias),
+            module: r.name.clone(),
+            file_offset,
+        },
+        _ => UserFrame::Mapped {
+            module: r.name.clone(),
+            file_offset,
+        },
+    }
+}
+
+/// Per image: the functions at each looked-up address.
+type ImageNames = HashMap<u64, Vec<FunctionAt>>;
+type Names = Vec<ImageNames>;
+
+/// Names every address seen in each image, one image per task (symbolizers are not Sync).
+fn symbolize_images(
+    images: &[Image],
+    unwound: &[UnwoundSample],
+    warnings: &mut WarningCounter,
+) -> Names {
+    let mut wanted: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); images.len()];
+    for frame in unwound.iter().flat_map(|s| &s.user) {
+        if let UserFrame::Image {
+            image, lookup_svma, ..
+        } = frame
+        {
+            wanted[*image].insert(*lookup_svma);
+        }
+    }
+    let results: Vec<(ImageNames, Vec<String>)> = images
+        .par_iter()
+        .zip(wanted.into_par_iter())
+        .map(|(image, addresses)| {
+            if addresses.is_empty() {
+                return (HashMap::new(), Vec::new());
+            }
+            let symbolizer = ImageSymbolizer::new(image);
+            let names = addresses
+                .into_iter()
+                .map(|a| (a, symbolizer.functions_at(a)))
+                .collect();
+            (names, symbolizer.problems)
+        })
+        .collect();
+    results
+        .into_iter()
+        .map(|(names, problems)| {
+            problems.into_iter().for_each(|p| warnings.add(p));
+            names
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    meta: &Metadata,
+    header: lrec_format::Header,
+    images: &[Image],
+    unwound: Vec<UnwoundSample>,
+    names: &Names,
+    kernel: &KernelSymbolizer,
+    mut warnings: WarningCounter,
+) -> Profile {
+    let mut thread_samples: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    for s in &unwound {
+        *thread_samples.entry((s.pid, s.tid)).or_default() += 1;
+    }
+    let thread_index: HashMap<(u32, u32), usize> = thread_samples
+        .keys()
+        .enumerate()
+        .map(|(i, k)| (*k, i))
+        .collect();
+    let threads = thread_samples
+        .iter()
+        .map(|(&(pid, tid), &samples)| Thread {
+            pid,
+            tid,
+            name: thread_name(meta, pid, tid),
+            samples,
+        })
+        .collect();
+
+    let mut frames = FrameInterner::default();
+    let mut stats = Stats {
+        lost: meta.lost,
+        ..Stats::default()
+    };
+    let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
+    let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut samples = Vec::with_capacity(unwound.len());
+    for s in unwound {
+        stats.samples += 1;
+        stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
+        stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
+        match s.end {
+            StackEnd::Complete => {}
+            StackEnd::Truncated => stats.truncated += 1,
+            StackEnd::Failed => stats.failed_unwinds += 1,
+        }
+        stats.kernel_samples += u64::from(s.kernel_mode);
+        if s.no_mappings {
+            *no_mappings.entry(s.pid).or_default() += 1;
+        }
+        for w in s.without_unwind_info {
+            *no_unwind_info.entry(w).or_default() += 1;
+        }
+        let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
+        for frame in s.user.iter().rev() {
+            user_frames(frame, images, names, |f| ids.push(frames.id(f)));
+        }
+        for frame in kernel_frames(&s.kernel, kernel) {
+            ids.push(frames.id(frame));
+        }
+        samples.push(ProfileSample {
+            time_ns: s.time_ns,
+            pid: s.pid,
+            tid: s.tid,
+            thread: thread_index[&(s.pid, s.tid)],
+            frames: ids,
+            truncated: s.end != StackEnd::Complete,
+        });
+    }
+
+    for (pid, n) in no_mappings {
+        warnings.add_n(
+            format!(
+                "pid {pid}: the capture holds no memory mappings; its user stacks are [unknown]"
+            ),
+            n,
+        );
+    }
+    let mut binaries: Vec<BinaryInfo> = images.iter().map(binary_info).collect();
+    for (owner, n) in no_unwind_info {
+        let name = match owner {
+            WithoutUnwindInfo::Image(i) => {
+                binaries[i].samples_without_unwind_info = n;
+                images[i].path.clone()
+            }
+            WithoutUnwindInfo::Region(name) => name.to_string(),
+        };
+        warnings.add_n(
+            format!("{name}: no unwind info; unwinding through it fell back to frame pointers"),
+            n,
+        );
+    }
+    for image in images {
+        if let Some(e) = &image.error {
+            if image.resolved_locally.is_empty() {
+                warnings.add(format!(
+                    "{}: lrec could not embed it ({e}) and no matching local file was found",
+                    image.path
+                ));
+            }
+        }
+        for s in &image.bad_sections {
+            warnings.add(format!(
+                "{}: section {s} is corrupt and was ignored",
+                image.path
+            ));
+        }
+    }
+    if stats.kernel_samples > 0 && kernel.is_empty() {
+        warnings.add("the capture holds no kernel symbols; kernel frames are [unknown]".into());
+    }
+
+    Profile {
+        header,
+        end_reason: meta.end.as_ref().map(|e| e.reason.clone()),
+        samples,
+        frames: frames.frames,
+        threads,
+        binaries,
+        stats,
+        warnings: warnings.into_sorted(),
+    }
+}
+
+/// Kernel frames outermost first (they go on top of the user leaf). `stack` is innermost
+/// first, as recorded; all but its first entry are return addresses.
+fn kernel_frames(stack: &[u64], kernel: &KernelSymbolizer) -> Vec<Frame> {
+    stack
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, &addr)| {
+            let lookup = if i == 0 { addr } else { addr.wrapping_sub(1) };
+            Frame {
+                function: kernel.name(lookup).unwrap_or("[unknown]").to_owned(),
+                module: None,
+                kind: FrameKind::Kernel,
+            }
+        })
+        .collect()
+}
+
+/// The frames (outermost first) for one located user address.
+fn user_frames(frame: &UserFrame, images: &[Image], names: &Names, mut push: impl FnMut(Frame)) {
+    let (module, file_offset) = match frame {
+        UserFrame::Image {
+            image,
+            lookup_svma,
+            module,
+            file_offset,
+        } => {
+            let functions = names[*image].get(lookup_svma).map(Vec::as_slice);
+            if let Some(functions) = functions.filter(|f| !f.is_empty()) {
+                let module = Some(images[*image].basename().to_owned());
+                for f in functions {
+                    push(Frame {
+                        function: f.name.clone(),
+                        module: module.clone(),
+                        kind: if f.inlined {
+                            FrameKind::Inlined
+                        } else {
+                            FrameKind::User
+                        },
+                    });
+                }
+                return;
+            }
+            (module, file_offset)
+        }
+        UserFrame::Mapped {
+            module,
+            file_offset,
+        } => (module, file_offset),
+        UserFrame::Unmapped => {
+            push(Frame {
+                function: "[unknown]".into(),
+                module: None,
+                kind: FrameKind::User,
+            });
+            return;
+        }
+    };
+    push(Frame {
+        function: format!("{module}+0x{file_offset:x}"),
+        module: Some(module.to_string()),
+        kind: FrameKind::User,
+    });
+}
+
+fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {
+    if let Some(name) = meta.thread_names.get(&(pid, tid)) {
+        return name.clone();
+    }
+    if pid == tid {
+        if let Some(p) = meta.processes.iter().find(|p| p.pid == pid) {
+            let name = basename(&p.exe);
+            if !name.is_empty() {
+                return name.to_owned();
+            }
+        }
+    }
+    format!("[tid {tid}]")
+}
+
+fn binary_info(image: &Image) -> BinaryInfo {
+    BinaryInfo {
+        path: image.path.clone(),
+        build_id: image.build_id.clone(),
+        sections_embedded: image.sections_embedded,
+        dwarf_embedded: image.dwarf_embedded,
+        resolved_locally: image.resolved_locally.clone(),
+        has_unwind_info: image.has_unwind_info(),
+        has_dwarf: image.has_dwarf(),
+        error: image.error.clone(),
+        samples_without_unwind_info: 0,
+    }
+}
+
+#[derive(Default)]
+struct FrameInterner {
+    ids: HashMap<Frame, FrameId>,
+    frames: Vec<Frame>,
+}
+
+impl FrameInterner {
+    fn id(&mut self, frame: Frame) -> FrameId {
+        if let Some(&id) = self.ids.get(&frame) {
+            return id;
+        }
+        let id = self.frames.len() as FrameId;
+        self.frames.push(frame.clone());
+        self.ids.insert(frame, id);
+        id
+    }
+}
+
+/// Warnings, each kept once with how often it happened.
+#[derive(Default)]
+struct WarningCounter {
+    counts: HashMap<String, u64>,
+    order: Vec<String>,
+}
+
+impl WarningCounter {
+    fn add(&mut self, message: String) {
+        self.add_n(message, 1);
+    }
+
+    fn add_n(&mut self, message: String, n: u64) {
+        match self.counts.get_mut(&message) {
+            Some(c) => *c += n,
+            None => {
+                self.order.push(message.clone());
+                self.counts.insert(message, n);
+            }
+        }
+    }
+
+    /// In order of first occurrence (capture order), which is deterministic.
+    fn into_sorted(mut self) -> Vec<Warning> {
+        self.order
+            .into_iter()
+            .map(|m| Warning {
+                count: self.counts.remove(&m).unwrap_or(0),
+                message: m,
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_frames_go_outermost_first_with_return_addresses_looked_up_before() {
+        let k = KernelSymbolizer::new(vec![
+            (0x1000, 0x1100, "entry_SYSCALL_64".into()),
+            (0x2000, 0x2100, "do_syscall_64".into()),
+            (0x3000, 0x3100, "__x64_sys_read".into()),
+            (0x3100, 0x3200, "next_after_read".into()),
+        ]);
+        // Innermost (the interrupted instruction) first; 0x3100 is a return address whose
+        // call lies at the end of __x64_sys_read.
+        let names: Vec<String> = kernel_frames(&[0x3100, 0x2050, 0x1010, 0x9999], &k)
+            .iter()
+            .map(Frame::display_name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "[unknown]_[k]",
+                "entry_SYSCALL_64_[k]",
+                "do_syscall_64_[k]",
+                "next_after_read_[k]",
+            ]
+        );
+        let names: Vec<String> = kernel_frames(&[0x3050, 0x3100], &k)
+            .iter()
+            .map(Frame::display_name)
+            .collect();
+        assert_eq!(names, ["__x64_sys_read_[k]", "__x64_sys_read_[k]"]);
+    }
+}

@@ -1,0 +1,320 @@
+//! One binary as the analysis sees it: the capture's embedded sections, completed by local
+//! files when allowed, and the address translation between the binary and a mapping.
+
+use lrec_format::{Binary, Mapping, Section, Segment};
+
+/// Section names whose bytes the analysis uses.
+pub const WANTED_SECTIONS: &[&str] = &[
+    ".eh_frame",
+    ".eh_frame_hdr",
+    ".debug_frame",
+    ".symtab",
+    ".strtab",
+    ".dynsym",
+    ".dynstr",
+    ".gnu_debuglink",
+    ".text",
+    ".debug_info",
+    ".debug_abbrev",
+    ".debug_line",
+    ".debug_str",
+    ".debug_ranges",
+    ".debug_rnglists",
+    ".debug_addr",
+    ".debug_str_offsets",
+    ".debug_line_str",
+    ".debug_loclists",
+    ".debug_aranges",
+];
+
+const PF_X: u32 = 1;
+const PF_W: u32 = 2;
+const ELF_CHDR_LEN: usize = 24;
+const ELFCOMPRESS_ZLIB: u32 = 1;
+const ELFCOMPRESS_ZSTD: u32 = 2;
+
+/// Sections of an ELF file read from local disk (by the loader).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalFile {
+    pub path: String,
+    pub build_id: Option<Vec<u8>>,
+    pub elf_type: u16,
+    pub segments: Vec<Segment>,
+    pub sections: Vec<Section>,
+}
+
+/// A binary's segments and sections, whichever source they came from.
+#[derive(Debug, Clone, Default)]
+pub struct Image {
+    pub path: String,
+    pub build_id: Option<Vec<u8>>,
+    pub segments: Vec<Segment>,
+    sections: Vec<Section>,
+    pub sections_embedded: bool,
+    pub dwarf_embedded: bool,
+    pub error: Option<String>,
+    pub resolved_locally: Vec<String>,
+    /// Sections that looked compressed but did not inflate.
+    pub bad_sections: Vec<String>,
+}
+
+impl Image {
+    pub fn from_binary(binary: &Binary) -> Image {
+        let mut image = Image {
+            path: binary.path.clone(),
+            build_id: binary.build_id.clone(),
+            segments: binary.segments.clone(),
+            error: binary.error.clone(),
+            ..Image::default()
+        };
+        for s in &binary.sections {
+            image.add_section(s.clone());
+        }
+        image.sections_embedded = image.has_unwind_info() || image.data(".symtab").is_some();
+        image.dwarf_embedded = image.has_dwarf();
+        image
+    }
+
+    /// Adds the sections of a local file that this image lacks (and its segments, if the
+    /// capture had none).
+    pub fn complete_from(&mut self, file: LocalFile) {
+        if self.segments.is_empty() {
+            self.segments = file.segments;
+        }
+        let mut used = false;
+        for s in file.sections {
+            let lacking = match self.section(&s.name) {
+                None => true,
+                Some(have) => have.data.is_empty() && !s.data.is_empty(),
+            };
+            if lacking && (!s.data.is_empty() || s.name == ".text") {
+                used |= !s.data.is_empty();
+                self.sections.retain(|h| h.name != s.name);
+                self.add_section(s);
+            }
+        }
+        if used {
+            self.resolved_locally.push(file.path);
+        }
+    }
+
+    fn add_section(&mut self, mut s: Section) {
+        if s.name.starts_with(".debug_") {
+            match inflate_if_compressed(&s.data) {
+                Ok(Some(inflated)) => s.data = inflated,
+                Ok(None) => {}
+                Err(()) => {
+                    self.bad_sections.push(s.name.clone());
+                    s.data.clear();
+                }
+            }
+        }
+        self.sections.push(s);
+    }
+
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// A section's bytes, if present and non-empty.
+    pub fn data(&self, name: &str) -> Option<&[u8]> {
+        self.section(name)
+            .map(|s| s.data.as_slice())
+            .filter(|d| !d.is_empty())
+    }
+
+    pub fn has_unwind_info(&self) -> bool {
+        self.data(".eh_frame").is_some() || self.data(".debug_frame").is_some()
+    }
+
+    pub fn has_dwarf(&self) -> bool {
+        self.data(".debug_info").is_some()
+    }
+
+    pub fn basename(&self) -> &str {
+        basename(&self.path)
+    }
+
+    /// `avma - svma` for addresses of `mapping`, from the PT_LOAD segment that holds the
+    /// mapping's file offset. None if no segment holds it.
+    pub fn bias(&self, mapping: &Mapping, page_size: u64) -> Option<u64> {
+        bias_for_mapping(&self.segments, mapping, page_size)
+    }
+}
+
+/// `avma - svma` for `mapping`. A file offset `f` in segment `s` has the stated address
+/// `f - s.offset + s.vaddr`, and the address `mapping.start + f - mapping.offset` in the
+/// process; the difference does not depend on `f`.
+pub fn bias_for_mapping(segments: &[Segment], mapping: &Mapping, page_size: u64) -> Option<u64> {
+    let page_mask = !(page_size.max(1) - 1);
+    let executable = mapping.perms.contains('x');
+    let writable = mapping.perms.contains('w');
+    let holds = |s: &&Segment| {
+        let first = s.offset & page_mask;
+        mapping.offset >= first && mapping.offset < s.offset.saturating_add(s.filesz.max(1))
+    };
+    // A file page can belong to two segments (the end of one, the start of the next):
+    // the permissions tell which one a mapping is. Only executable mappings matter for
+    // code addresses, and their segment is the one with PF_X.
+    let is_x = |s: &&Segment| (s.flags & PF_X != 0) == executable;
+    let is_w = |s: &&Segment| (s.flags & PF_W != 0) == writable;
+    let segment = segments
+        .iter()
+        .filter(holds)
+        .find(|s| is_x(s) && is_w(s))
+        .or_else(|| segments.iter().filter(holds).find(is_x))
+        .or_else(|| segments.iter().find(holds))?;
+    Some(
+        mapping
+            .start
+            .wrapping_sub(mapping.offset)
+            .wrapping_add(segment.offset)
+            .wrapping_sub(segment.vaddr),
+    )
+}
+
+pub fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Inflates an SHF_COMPRESSED section (an `Elf64_Chdr` then zlib or zstd data). Ok(None)
+/// when the bytes do not start with a compression header.
+fn inflate_if_compressed(data: &[u8]) -> Result<Option<Vec<u8>>, ()> {
+    if data.len() < ELF_CHDR_LEN {
+        return Ok(None);
+    }
+    let word = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().unwrap());
+    let ch_type = word(0);
+    let reserved = word(4);
+    let size = u64::from_le_bytes(data[8..16].try_into().unwrap());
+    let align = u64::from_le_bytes(data[16..24].try_into().unwrap());
+    // A DWARF unit length, string or abbreviation code never looks like this header.
+    let format = match ch_type {
+        ELFCOMPRESS_ZLIB => object::CompressionFormat::Zlib,
+        ELFCOMPRESS_ZSTD => object::CompressionFormat::Zstandard,
+        _ => return Ok(None),
+    };
+    if reserved != 0 || !align.is_power_of_two() || align > 4096 || size > (1 << 32) {
+        return Ok(None);
+    }
+    let compressed = object::CompressedData {
+        format,
+        data: &data[ELF_CHDR_LEN..],
+        uncompressed_size: size,
+    };
+    match compressed.decompress() {
+        Ok(d) if d.len() as u64 == size => Ok(Some(d.into_owned())),
+        _ => Err(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(vaddr: u64, offset: u64, filesz: u64, flags: u32) -> Segment {
+        Segment {
+            vaddr,
+            offset,
+            filesz,
+            memsz: filesz,
+            flags,
+        }
+    }
+
+    fn map(start: u64, end: u64, offset: u64, perms: &str) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset,
+            perms: perms.into(),
+            ..Mapping::default()
+        }
+    }
+
+    /// `gcc -pie` with `-z separate-code`: R, RX, R, RW segments.
+    fn pie_segments() -> Vec<Segment> {
+        vec![
+            seg(0x0, 0x0, 0x6a0, 4),
+            seg(0x1000, 0x1000, 0x1f5, 5),
+            seg(0x2000, 0x2000, 0x134, 4),
+            seg(0x3db8, 0x2db8, 0x258, 6),
+        ]
+    }
+
+    #[test]
+    fn pie_executable() {
+        let segs = pie_segments();
+        let text = map(0x5555_5555_5000, 0x5555_5555_6000, 0x1000, "r-xp");
+        let bias = bias_for_mapping(&segs, &text, 4096).unwrap();
+        assert_eq!(bias, 0x5555_5555_4000);
+        // main at svma 0x1139 is at avma 0x555555555139.
+        assert_eq!(0x1139 + bias, 0x5555_5555_5139);
+        // The RW mapping, where vaddr and offset differ by a page, gives the same bias.
+        let data = map(0x5555_5555_7000, 0x5555_5555_8000, 0x2000, "rw-p");
+        assert_eq!(bias_for_mapping(&segs, &data, 4096), Some(bias));
+    }
+
+    #[test]
+    fn shared_library_mapped_at_an_offset() {
+        // libc.so.6: the RX segment starts at file offset 0x28000 == vaddr 0x28000.
+        let segs = vec![
+            seg(0x0, 0x0, 0x27f60, 4),
+            seg(0x28000, 0x28000, 0x195f3d, 5),
+            seg(0x1be000, 0x1be000, 0x4e0e0, 4),
+            seg(0x20c8f0, 0x20b8f0, 0x6a20, 6),
+        ];
+        let text = map(0x7fff_f7dd_6000, 0x7fff_f7f6_c000, 0x28000, "r-xp");
+        let bias = bias_for_mapping(&segs, &text, 4096).unwrap();
+        assert_eq!(bias, 0x7fff_f7dd_6000 - 0x28000);
+        // A mapping split by mprotect: starts in the middle of the segment.
+        let tail = map(0x7fff_f7e0_0000, 0x7fff_f7f6_c000, 0x52000, "r-xp");
+        assert_eq!(bias_for_mapping(&segs, &tail, 4096), Some(bias));
+    }
+
+    #[test]
+    fn segment_vaddr_not_page_aligned_with_offset() {
+        // lld-style layout: RX segment at vaddr 0x1640, offset 0x640 (congruent mod page).
+        let segs = vec![seg(0x0, 0x0, 0x640, 4), seg(0x1640, 0x640, 0x300, 5)];
+        let text = map(0x7f00_0000_1000, 0x7f00_0000_2000, 0x0, "r-xp");
+        let bias = bias_for_mapping(&segs, &text, 4096).unwrap();
+        // svma 0x1640 lives at file offset 0x640, i.e. avma start + 0x640.
+        assert_eq!(0x1640 + bias, 0x7f00_0000_1640);
+    }
+
+    #[test]
+    fn non_pie_executable_has_zero_bias() {
+        let segs = vec![
+            seg(0x400000, 0x0, 0x4f8, 4),
+            seg(0x401000, 0x1000, 0x1a5, 5),
+            seg(0x402000, 0x2000, 0x10c, 4),
+            seg(0x403e10, 0x2e10, 0x220, 6),
+        ];
+        let text = map(0x401000, 0x402000, 0x1000, "r-xp");
+        assert_eq!(bias_for_mapping(&segs, &text, 4096), Some(0));
+        let data = map(0x403000, 0x404000, 0x2000, "rw-p");
+        assert_eq!(bias_for_mapping(&segs, &data, 4096), Some(0));
+    }
+
+    #[test]
+    fn offset_outside_every_segment() {
+        let text = map(0x1000, 0x2000, 0x9000_0000, "r-xp");
+        assert_eq!(bias_for_mapping(&pie_segments(), &text, 4096), None);
+        assert_eq!(bias_for_mapping(&[], &text, 4096), None);
+    }
+
+    #[test]
+    fn compressed_debug_sections_inflate() {
+        assert_eq!(inflate_if_compressed(b"\x10\0\0\0\x04\0"), Ok(None));
+        // A plain .debug_info unit header (unit_length 0x40) is left alone.
+        let mut plain = vec![0x40, 0, 0, 0, 5, 0];
+        plain.resize(64, 0);
+        assert_eq!(inflate_if_compressed(&plain), Ok(None));
+        // A zlib header claiming data that is garbage fails loudly.
+        let mut chdr = vec![1, 0, 0, 0, 0, 0, 0, 0];
+        chdr.extend_from_slice(&100u64.to_le_bytes());
+        chdr.extend_from_slice(&1u64.to_le_bytes());
+        chdr.extend_from_slice(b"garbage");
+        assert_eq!(inflate_if_compressed(&chdr), Err(()));
+    }
+}

@@ -1,0 +1,106 @@
+//! First pass over a capture: everything but samples (headers, mappings, binaries, names).
+
+use std::collections::HashMap;
+
+use lrec_format::{Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record};
+use rayon::prelude::*;
+
+/// The few non-sample records of a capture.
+#[derive(Debug, Default)]
+pub struct Metadata {
+    pub header: Option<Header>,
+    pub processes: Vec<Process>,
+    /// Latest name recorded per (pid, tid).
+    pub thread_names: HashMap<(u32, u32), String>,
+    pub mappings: Vec<Mapping>,
+    /// First record per build-id (or per path when there is none), in capture order.
+    pub binaries: Vec<Binary>,
+    pub kernel_symbols: Vec<(u64, u64, String)>,
+    pub lost: u64,
+    pub end: Option<End>,
+    /// Opening damage, then per-chunk warnings in capture order.
+    pub read_warnings: Vec<ReadWarning>,
+    /// Per chunk: whether it holds samples (the second pass skips the others).
+    pub chunk_has_samples: Vec<bool>,
+}
+
+/// Decodes every chunk (in parallel) and keeps all records except samples.
+pub fn read_metadata(capture: &Capture) -> Metadata {
+    let per_chunk: Vec<(Vec<Record>, Vec<ReadWarning>, bool)> = capture
+        .chunks()
+        .par_iter()
+        .map(|chunk| {
+            let (records, warnings) = capture.decode_chunk(chunk);
+            let has_samples = records.iter().any(|r| matches!(r, Record::Sample(_)));
+            let kept = records
+                .into_iter()
+                .filter(|r| !matches!(r, Record::Sample(_) | Record::Unknown { .. }))
+                .collect();
+            (kept, warnings, has_samples)
+        })
+        .collect();
+    let mut meta = Metadata {
+        read_warnings: capture.warnings().to_vec(),
+        ..Metadata::default()
+    };
+    for (records, warnings, has_samples) in per_chunk {
+        meta.read_warnings.extend(warnings);
+        meta.chunk_has_samples.push(has_samples);
+        for record in records {
+            meta.add(record);
+        }
+    }
+    if meta.end.is_none() {
+        meta.read_warnings.push(ReadWarning::NoEnd);
+    }
+    meta
+}
+
+impl Metadata {
+    fn add(&mut self, record: Record) {
+        match record {
+            Record::Header(h) => {
+                self.header.get_or_insert(h);
+            }
+            Record::Process(p) => self.processes.push(p),
+            Record::ThreadName(t) => {
+                self.thread_names.insert((t.pid, t.tid), t.name);
+            }
+            Record::Mapping(m) => self.mappings.push(m),
+            Record::Binary(b) => {
+                let duplicate = self.binaries.iter().any(|have| match &b.build_id {
+                    Some(id) => have.build_id.as_ref() == Some(id),
+                    None => have.build_id.is_none() && have.path == b.path,
+                });
+                if !duplicate {
+                    self.binaries.push(b);
+                }
+            }
+            Record::KernelSymbols(k) => self.kernel_symbols.extend(k.symbols),
+            Record::Lost(l) => self.lost += l.count,
+            Record::End(e) => self.end = Some(e),
+            Record::Sample(_) | Record::Unknown { .. } => {}
+        }
+    }
+
+    /// Index into `binaries` of the binary a mapping maps: by build-id when the mapping
+    /// has one, else by path.
+    pub fn binary_index(&self) -> impl Fn(&Mapping) -> Option<usize> + '_ {
+        let mut by_id: HashMap<&[u8], usize> = HashMap::new();
+        let mut by_path: HashMap<&str, usize> = HashMap::new();
+        for (i, b) in self.binaries.iter().enumerate() {
+            match &b.build_id {
+                Some(id) => {
+                    by_id.entry(id).or_insert(i);
+                }
+                None => {
+                    by_path.entry(&b.path).or_insert(i);
+                }
+            }
+        }
+        move |m: &Mapping| match &m.build_id {
+            Some(id) => by_id.get(id.as_slice()).copied(),
+            None => by_path.get(m.path.as_str()).copied(),
+        }
+    }
+}

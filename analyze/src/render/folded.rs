@@ -1,0 +1,148 @@
+//! Collapsed stacks (`root;…;leaf COUNT`), the input format of flame graph tools.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use super::{StackOptions, TRUNCATED_FRAME};
+use crate::Profile;
+
+/// Each distinct stack line (without count) and its number of samples, sorted
+/// lexicographically so that output is deterministic.
+pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, u64> {
+    let names: Vec<String> = profile
+        .frames
+        .iter()
+        .map(|f| sanitize(&f.display_name()))
+        .collect();
+    let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
+    let mut line = String::new();
+    for sample in &profile.samples {
+        line.clear();
+        let mut push = |part: &str| {
+            if !line.is_empty() {
+                line.push(';');
+            }
+            line.push_str(part);
+        };
+        if opts.thread_names {
+            push(&sanitize(profile.thread_name(sample)));
+        }
+        if sample.truncated {
+            push(TRUNCATED_FRAME);
+        }
+        for &id in &sample.frames {
+            push(&names[id as usize]);
+        }
+        if line.is_empty() {
+            line.push_str("[unknown]");
+        }
+        match stacks.get_mut(line.as_str()) {
+            Some(n) => *n += 1,
+            None => {
+                stacks.insert(line.clone(), 1);
+            }
+        }
+    }
+    stacks
+}
+
+/// Writes `stack COUNT` lines.
+pub fn write_folded(profile: &Profile, opts: StackOptions, out: &mut dyn Write) -> io::Result<()> {
+    for (stack, count) in folded_stacks(profile, opts) {
+        writeln!(out, "{stack} {count}")?;
+    }
+    Ok(())
+}
+
+/// `;` separates frames and a newline ends a stack: neither may appear inside a name.
+fn sanitize(name: &str) -> String {
+    name.replace(';', ":").replace(['\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Frame, FrameKind, ProfileSample, Thread};
+
+    fn frame(name: &str, kind: FrameKind) -> Frame {
+        Frame {
+            function: name.into(),
+            module: None,
+            kind,
+        }
+    }
+
+    fn sample(thread: usize, frames: &[u32], truncated: bool) -> ProfileSample {
+        ProfileSample {
+            time_ns: 0,
+            pid: 1,
+            tid: 1 + thread as u32,
+            thread,
+            frames: frames.to_vec(),
+            truncated,
+        }
+    }
+
+    fn profile() -> Profile {
+        Profile {
+            frames: vec![
+                frame("main", FrameKind::User),
+                frame("work", FrameKind::User),
+                frame("inlined_helper", FrameKind::Inlined),
+                frame("do_syscall_64", FrameKind::Kernel),
+                frame("odd;name", FrameKind::User),
+                frame("entry_SYSCALL_64", FrameKind::Kernel),
+            ],
+            threads: vec![
+                Thread {
+                    pid: 1,
+                    tid: 1,
+                    name: "app".into(),
+                    samples: 4,
+                },
+                Thread {
+                    pid: 1,
+                    tid: 2,
+                    name: "worker".into(),
+                    samples: 2,
+                },
+            ],
+            samples: vec![
+                sample(0, &[0, 1, 2], false),
+                sample(1, &[0, 1], false),
+                sample(0, &[0, 1, 2], false),
+                sample(0, &[0, 1, 5, 3], false),
+                sample(0, &[4], true),
+                sample(1, &[0, 1], false),
+            ],
+            ..Profile::default()
+        }
+    }
+
+    #[test]
+    fn folded_is_sorted_counted_and_marks_kernel_and_truncation() {
+        let mut out = Vec::new();
+        write_folded(&profile(), StackOptions::default(), &mut out).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "app;[truncated];odd:name 1\n\
+             app;main;work;entry_SYSCALL_64_[k];do_syscall_64_[k] 1\n\
+             app;main;work;inlined_helper 2\n\
+             worker;main;work 2\n"
+        );
+    }
+
+    #[test]
+    fn without_thread_names_threads_merge() {
+        let stacks = folded_stacks(
+            &profile(),
+            StackOptions {
+                thread_names: false,
+            },
+        );
+        assert_eq!(stacks["main;work"], 2);
+        assert_eq!(stacks["main;work;inlined_helper"], 2);
+        assert_eq!(stacks["[truncated];odd:name"], 1);
+        assert_eq!(stacks.values().sum::<u64>(), 6);
+    }
+}

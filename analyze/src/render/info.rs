@@ -1,0 +1,132 @@
+//! A human-readable summary of a capture and of how well it could be analysed.
+
+use std::io::{self, Write};
+
+use crate::Profile;
+
+/// Writes header fields, counts, threads, binaries and warnings.
+pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    let h = &profile.header;
+    let s = &profile.stats;
+    writeln!(out, "capture")?;
+    writeln!(out, "  recorded by:   {}", or_unknown(&h.tool_version))?;
+    writeln!(
+        out,
+        "  command line:  {}",
+        or_unknown(&h.command_line.join(" "))
+    )?;
+    writeln!(
+        out,
+        "  host:          {} (kernel {}, {})",
+        or_unknown(&h.hostname),
+        or_unknown(&h.kernel_release),
+        or_unknown(&h.arch)
+    )?;
+    writeln!(out, "  target pid:    {}", h.target_pid)?;
+    writeln!(
+        out,
+        "  event:         {} at {} Hz, {} stack bytes per sample",
+        or_unknown(&h.event),
+        h.frequency_hz,
+        h.stack_size
+    )?;
+    writeln!(
+        out,
+        "  ended:         {}",
+        profile
+            .end_reason
+            .as_deref()
+            .unwrap_or("cut short (no end record)")
+    )?;
+    let duration = match (s.first_time_ns, s.last_time_ns) {
+        (Some(a), Some(b)) => format!("{:.3} s of samples", (b - a) as f64 / 1e9),
+        _ => "no samples".to_owned(),
+    };
+    writeln!(out, "  duration:      {duration}")?;
+    writeln!(out)?;
+    writeln!(out, "samples")?;
+    writeln!(out, "  total:         {}", s.samples)?;
+    writeln!(out, "  lost:          {}", s.lost)?;
+    writeln!(out, "  in kernel:     {}", s.kernel_samples)?;
+    writeln!(
+        out,
+        "  truncated:     {}{}",
+        s.truncated,
+        percent(s.truncated, s.samples)
+    )?;
+    writeln!(
+        out,
+        "  failed unwind: {}{}",
+        s.failed_unwinds,
+        percent(s.failed_unwinds, s.samples)
+    )?;
+    writeln!(out)?;
+    writeln!(out, "threads ({})", profile.threads.len())?;
+    for t in &profile.threads {
+        writeln!(
+            out,
+            "  {:>8} {:>8}  {:<16} {} samples",
+            t.pid, t.tid, t.name, t.samples
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(out, "binaries ({})", profile.binaries.len())?;
+    for b in &profile.binaries {
+        let id = match &b.build_id {
+            Some(id) => id.iter().map(|x| format!("{x:02x}")).collect(),
+            None => "(no build-id)".to_owned(),
+        };
+        writeln!(out, "  {}", b.path)?;
+        writeln!(out, "      build-id {id}")?;
+        let mut facts = vec![
+            yes_no("sections embedded", b.sections_embedded),
+            yes_no("DWARF embedded", b.dwarf_embedded),
+            yes_no("unwind info", b.has_unwind_info),
+            yes_no("DWARF", b.has_dwarf),
+        ];
+        if b.samples_without_unwind_info > 0 {
+            facts.push(format!(
+                "{} samples without unwind info",
+                b.samples_without_unwind_info
+            ));
+        }
+        writeln!(out, "      {}", facts.join(", "))?;
+        for local in &b.resolved_locally {
+            writeln!(out, "      resolved locally from {local}")?;
+        }
+        if let Some(e) = &b.error {
+            writeln!(out, "      not embedded: {e}")?;
+        }
+    }
+    if !profile.warnings.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "warnings ({})", profile.warnings.len())?;
+        for w in &profile.warnings {
+            match w.count {
+                1 => writeln!(out, "  {}", w.message)?,
+                n => writeln!(out, "  {} ({n} times)", w.message)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+fn or_unknown(s: &str) -> &str {
+    if s.is_empty() {
+        "?"
+    } else {
+        s
+    }
+}
+
+fn yes_no(what: &str, yes: bool) -> String {
+    format!("{what}: {}", if yes { "yes" } else { "no" })
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        String::new()
+    } else {
+        format!(" ({:.1}%)", 100.0 * part as f64 / whole as f64)
+    }
+}

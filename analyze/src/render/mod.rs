@@ -1,0 +1,27 @@
+//! Output formats. Each reads a [`Profile`](crate::Profile) and writes to any `io::Write`.
+
+mod flamegraph;
+mod folded;
+mod info;
+mod top;
+
+pub use flamegraph::write_flamegraph;
+pub use folded::{folded_stacks, write_folded};
+pub use info::write_info;
+pub use top::{top_functions, write_top, FunctionCounts};
+
+/// How stacks are turned into lines of frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackOptions {
+    /// Start every stack with the thread's name, as perf + stackcollapse do.
+    pub thread_names: bool,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        StackOptions { thread_names: true }
+    }
+}
+
+/// Root frame of stacks that could not be followed to their root function.
+pub const TRUNCATED_FRAME: &str = "[truncated]";

@@ -1,0 +1,116 @@
+//! The functions that took the most samples, by self time.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+use crate::{FrameId, Profile};
+
+/// Samples of one function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionCounts {
+    pub name: String,
+    /// Samples in which it is the leaf.
+    pub self_samples: u64,
+    /// Samples in which it is anywhere on the stack (counted once per sample).
+    pub total_samples: u64,
+}
+
+/// Every function, by self samples, then total samples, then name.
+pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
+    let mut by_name: HashMap<String, (u64, u64)> = HashMap::new();
+    let names: Vec<String> = profile.frames.iter().map(|f| f.display_name()).collect();
+    let mut seen: Vec<&str> = Vec::new();
+    for sample in &profile.samples {
+        seen.clear();
+        for &id in &sample.frames {
+            let name = names[id as usize].as_str();
+            if !seen.contains(&name) {
+                seen.push(name);
+                by_name.entry(name.to_owned()).or_default().1 += 1;
+            }
+        }
+        if let Some(&leaf) = sample.frames.last() {
+            by_name.entry(name_of(&names, leaf)).or_default().0 += 1;
+        }
+    }
+    let mut out: Vec<FunctionCounts> = by_name
+        .into_iter()
+        .map(|(name, (self_samples, total_samples))| FunctionCounts {
+            name,
+            self_samples,
+            total_samples,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (b.self_samples, b.total_samples, &a.name).cmp(&(a.self_samples, a.total_samples, &b.name))
+    });
+    out
+}
+
+fn name_of(names: &[String], id: FrameId) -> String {
+    names[id as usize].clone()
+}
+
+/// Writes a table of the `n` functions with the most self samples.
+pub fn write_top(profile: &Profile, n: usize, out: &mut dyn Write) -> io::Result<()> {
+    let total = profile.stats.samples.max(1) as f64;
+    let pct = |x: u64| 100.0 * x as f64 / total;
+    writeln!(
+        out,
+        "{:>8} {:>7} {:>8} {:>7}  FUNCTION",
+        "SELF", "SELF%", "TOTAL", "TOTAL%"
+    )?;
+    for f in top_functions(profile).into_iter().take(n) {
+        writeln!(
+            out,
+            "{:>8} {:>6.2}% {:>8} {:>6.2}%  {}",
+            f.self_samples,
+            pct(f.self_samples),
+            f.total_samples,
+            pct(f.total_samples),
+            f.name
+        )?;
+    }
+    writeln!(
+        out,
+        "({} samples; {} truncated stacks, {} failed unwinds)",
+        profile.stats.samples, profile.stats.truncated, profile.stats.failed_unwinds
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Frame, FrameKind, ProfileSample};
+
+    #[test]
+    fn self_and_total_counts() {
+        let f = |n: &str| Frame {
+            function: n.into(),
+            module: None,
+            kind: FrameKind::User,
+        };
+        let s = |frames: &[u32]| ProfileSample {
+            time_ns: 0,
+            pid: 1,
+            tid: 1,
+            thread: 0,
+            frames: frames.to_vec(),
+            truncated: false,
+        };
+        let profile = Profile {
+            frames: vec![f("main"), f("a"), f("b")],
+            samples: vec![s(&[0, 1]), s(&[0, 1, 2]), s(&[0, 1]), s(&[0, 2, 2])],
+            ..Profile::default()
+        };
+        let top = top_functions(&profile);
+        let get = |n: &str| top.iter().find(|f| f.name == n).unwrap().clone();
+        assert_eq!(top[0].name, "a", "equal self: more total first");
+        assert_eq!((get("a").self_samples, get("a").total_samples), (2, 3));
+        assert_eq!((get("b").self_samples, get("b").total_samples), (2, 2));
+        assert_eq!(
+            (get("main").self_samples, get("main").total_samples),
+            (0, 4)
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! Turns a sample's registers and stack bytes into code addresses, leaf first.
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64};
+use framehop::{FrameAddress, Unwinder};
+use lrec_format::Regs;
+
+use crate::address_space::AddressSpace;
+
+/// Deeper stacks are cut here and marked truncated (a loop in corrupt data, or recursion).
+pub const MAX_FRAMES: usize = 2048;
+
+pub type UnwindCache = CacheX86_64;
+
+/// A user-space code address found by unwinding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeAddress {
+    pub avma: u64,
+    /// A return address: the call instruction is the byte before it.
+    pub is_return: bool,
+}
+
+impl CodeAddress {
+    /// The address to look up symbols and unwind info at.
+    pub fn lookup_avma(&self) -> u64 {
+        if self.is_return {
+            self.avma - 1
+        } else {
+            self.avma
+        }
+    }
+}
+
+/// How an unwind ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StackEnd {
+    /// The root function was reached (its unwind info says there is no caller).
+    Complete,
+    /// Some frames were found, then unwinding stopped early.
+    Truncated,
+    /// Nothing beyond the leaf could be found.
+    Failed,
+}
+
+/// The user part of a stack, leaf first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserStack {
+    pub frames: Vec<CodeAddress>,
+    pub end: StackEnd,
+    /// Start addresses of mappings without unwind info that unwinding had to pass through
+    /// (framehop then falls back to frame pointers).
+    pub without_unwind_info: Vec<u64>,
+}
+
+/// Unwinds from `regs` over `stack` (the bytes at `regs.sp` upward).
+///
+/// Every return address must lie in an executable mapping, else unwinding stops there
+/// and the stack is truncated: frame-pointer fallback over code without frame pointers
+/// produces garbage, and a profiler must not show it. A stack only counts as complete
+/// when the last frame's own unwind info ended it.
+pub fn unwind_user(
+    space: &AddressSpace,
+    regs: &Regs,
+    stack: &[u8],
+    cache: &mut UnwindCache,
+) -> UserStack {
+    let sp = regs.sp;
+    let mut read_stack = |addr: u64| -> Result<u64, ()> {
+        let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
+        let bytes = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+        Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
+    };
+    let mut frames: Vec<CodeAddress> = Vec::new();
+    let mut without_unwind_info = Vec::new();
+    let mut iter = space.unwinder.iter_frames(
+        regs.ip,
+        UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
+        cache,
+        &mut read_stack,
+    );
+    let end = loop {
+        if frames.len() >= MAX_FRAMES {
+            break StackEnd::Truncated;
+        }
+        let frame = match iter.next() {
+            Ok(Some(f)) => f,
+            Ok(None) => break end_of(space, frames.last()),
+            Err(_) => break StackEnd::Truncated,
+        };
+        let address = match frame {
+            FrameAddress::InstructionPointer(avma) => CodeAddress {
+                avma,
+                is_return: false,
+            },
+            FrameAddress::ReturnAddress(avma) => CodeAddress {
+                avma: avma.get(),
+                is_return: true,
+            },
+        };
+        let region = space.region(address.lookup_avma());
+        if address.is_return && !region.is_some_and(|r| r.executable) {
+            break StackEnd::Truncated;
+        }
+        if let Some(r) = region.filter(|r| r.executable) {
+            let has_cfi = r.bias.is_some() && space.unwinder_covers(address.lookup_avma());
+            if !has_cfi && !without_unwind_info.contains(&r.start) {
+                without_unwind_info.push(r.start);
+            }
+        }
+        frames.push(address);
+    };
+    let end = match end {
+        StackEnd::Truncated if frames.len() <= 1 => StackEnd::Failed,
+        e => e,
+    };
+    UserStack {
+        frames,
+        end,
+        without_unwind_info,
+    }
+}
+
+/// Ok(None) from framehop: trusted only if the last frame has unwind info (then its CFI
+/// said "no caller", as in `_start` or `clone`). Otherwise it came from frame-pointer
+/// fallback meeting `rbp == 0`, which proves nothing.
+fn end_of(space: &AddressSpace, last: Option<&CodeAddress>) -> StackEnd {
+    match last {
+        Some(a) if space.unwinder_covers(a.lookup_avma()) => StackEnd::Complete,
+        _ => StackEnd::Truncated,
+    }
+}
+
+impl AddressSpace {
+    /// Whether `avma` lies in a module with unwind info.
+    pub fn unwinder_covers(&self, avma: u64) -> bool {
+        self.region(avma)
+            .is_some_and(|r| r.executable && r.bias.is_some() && self.has_module(r.start))
+    }
+}
