@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use lrec_format::{sample_flags, Capture, Mapping, Record, Sample};
+use lrec_format::{kind, sample_flags, Capture, Mapping, RecordRef, SampleRef};
 use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::{basename, Image};
@@ -20,7 +21,7 @@ use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
 const DEFAULT_PAGE_SIZE: u64 = 4096;
 
 /// A user frame located in the process's memory map.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum UserFrame {
     /// In a mapped image: named by its symbols at `lookup_svma`.
     Image {
@@ -96,17 +97,21 @@ pub fn run(
             if !has_samples {
                 return Vec::new();
             }
-            let (records, _) = capture.decode_chunk(chunk);
-            records
-                .into_iter()
-                .filter_map(|r| match r {
-                    Record::Sample(s) => Some(s),
-                    _ => None,
-                })
-                .filter(|s| opts.pid.is_none_or(|p| p == s.pid))
-                .filter(|s| opts.tid.is_none_or(|t| t == s.tid))
-                .map(|s| unwind_sample(&s, maps.get(&s.pid), cache))
-                .collect::<Vec<_>>()
+            let mut out = Vec::new();
+            capture.visit_chunk(
+                chunk,
+                |k| k == kind::SAMPLE,
+                |r| {
+                    if let RecordRef::Sample(s) = r {
+                        if opts.pid.is_none_or(|p| p == s.pid)
+                            && opts.tid.is_none_or(|t| t == s.tid)
+                        {
+                            out.push(unwind_sample(&s, maps.get(&s.pid), cache));
+                        }
+                    }
+                },
+            );
+            out
         })
         .flatten()
         .collect();
@@ -150,7 +155,11 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
         .collect()
 }
 
-fn unwind_sample(s: &Sample, maps: Option<&ProcessMaps>, cache: &mut UnwindCache) -> UnwoundSample {
+fn unwind_sample(
+    s: &SampleRef,
+    maps: Option<&ProcessMaps>,
+    cache: &mut UnwindCache,
+) -> UnwoundSample {
     let space = maps.and_then(|m| m.at(s.time_ns));
     let no_regs = s.flags & sample_flags::NO_USER_REGS != 0 || s.regs.ip == 0;
     let mut out = UnwoundSample {
@@ -177,7 +186,7 @@ fn unwind_sample(s: &Sample, maps: Option<&ProcessMaps>, cache: &mut UnwindCache
             out.no_mappings = true;
         }
         Some(space) => {
-            let stack = unwind_user(space, &s.regs, &s.user_stack, cache);
+            let stack = unwind_user(space, &s.regs, s.user_stack, cache);
             out.user = stack
                 .frames
                 .iter()
@@ -300,6 +309,8 @@ fn assemble(
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     let mut samples = Vec::with_capacity(unwound.len());
+    let mut user_ids: FxHashMap<UserFrame, Vec<FrameId>> = FxHashMap::default();
+    let mut kernel_ids: FxHashMap<(u64, bool), FrameId> = FxHashMap::default();
     for s in unwound {
         stats.samples += 1;
         stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
@@ -318,10 +329,22 @@ fn assemble(
         }
         let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
         for frame in s.user.iter().rev() {
-            user_frames(frame, images, names, |f| ids.push(frames.id(f)));
+            // Each distinct address is named once; samples share its frame ids.
+            match user_ids.get(frame) {
+                Some(known) => ids.extend_from_slice(known),
+                None => {
+                    let mut new = Vec::new();
+                    user_frames(frame, images, names, |f| new.push(frames.id(f)));
+                    ids.extend_from_slice(&new);
+                    user_ids.insert(frame.clone(), new);
+                }
+            }
         }
-        for frame in kernel_frames(&s.kernel, kernel) {
-            ids.push(frames.id(frame));
+        for (i, &addr) in s.kernel.iter().enumerate().rev() {
+            let id = *kernel_ids
+                .entry((addr, i == 0))
+                .or_insert_with(|| frames.id(kernel_frame(addr, i == 0, kernel)));
+            ids.push(id);
         }
         samples.push(ProfileSample {
             time_ns: s.time_ns,
@@ -387,22 +410,15 @@ fn assemble(
     }
 }
 
-/// Kernel frames outermost first (they go on top of the user leaf). `stack` is innermost
-/// first, as recorded; all but its first entry are return addresses.
-fn kernel_frames(stack: &[u64], kernel: &KernelSymbolizer) -> Vec<Frame> {
-    stack
-        .iter()
-        .enumerate()
-        .rev()
-        .map(|(i, &addr)| {
-            let lookup = if i == 0 { addr } else { addr.wrapping_sub(1) };
-            Frame {
-                function: kernel.name(lookup).unwrap_or("[unknown]").to_owned(),
-                module: None,
-                kind: FrameKind::Kernel,
-            }
-        })
-        .collect()
+/// A kernel frame. Kernel stacks are recorded innermost first; all but the first entry
+/// (`leaf`) are return addresses, looked up one byte before.
+fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
+    let lookup = if leaf { addr } else { addr.wrapping_sub(1) };
+    Frame {
+        function: kernel.name(lookup).unwrap_or("[unknown]").to_owned(),
+        module: None,
+        kind: FrameKind::Kernel,
+    }
 }
 
 /// The frames (outermost first) for one located user address.
@@ -483,7 +499,7 @@ fn binary_info(image: &Image) -> BinaryInfo {
 
 #[derive(Default)]
 struct FrameInterner {
-    ids: HashMap<Frame, FrameId>,
+    ids: FxHashMap<Frame, FrameId>,
     frames: Vec<Frame>,
 }
 
@@ -536,6 +552,12 @@ impl WarningCounter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A recorded kernel stack (innermost first) as frames outermost first, as assembled.
+    fn kernel_frames(stack: &[u64], k: &KernelSymbolizer) -> Vec<Frame> {
+        let frames = stack.iter().enumerate().rev();
+        frames.map(|(i, &a)| kernel_frame(a, i == 0, k)).collect()
+    }
 
     #[test]
     fn kernel_frames_go_outermost_first_with_return_addresses_looked_up_before() {

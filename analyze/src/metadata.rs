@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use lrec_format::{Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record};
+use lrec_format::{
+    kind, Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record, RecordRef,
+};
 use rayon::prelude::*;
 
 /// The few non-sample records of a capture.
@@ -30,12 +32,23 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
         .chunks()
         .par_iter()
         .map(|chunk| {
-            let (records, warnings) = capture.decode_chunk(chunk);
-            let has_samples = records.iter().any(|r| matches!(r, Record::Sample(_)));
-            let kept = records
-                .into_iter()
-                .filter(|r| !matches!(r, Record::Sample(_) | Record::Unknown { .. }))
-                .collect();
+            let mut has_samples = false;
+            let mut kept = Vec::new();
+            // Samples are skipped undecoded here; the unwinding pass visits them.
+            let warnings = capture.visit_chunk(
+                chunk,
+                |k| {
+                    has_samples |= k == kind::SAMPLE;
+                    k != kind::SAMPLE
+                },
+                |r| {
+                    if let RecordRef::Other(r) = r {
+                        if !matches!(r, Record::Unknown { .. }) {
+                            kept.push(r);
+                        }
+                    }
+                },
+            );
             (kept, warnings, has_samples)
         })
         .collect();

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
 
-use crate::v1::{kind, Record};
+use crate::v1::{kind, Record, RecordRef};
 use crate::{
     bincode_config, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FILE_HEADER_LEN, FORMAT_VERSION,
     MAGIC, MAX_CHUNK_LEN,
@@ -160,21 +160,52 @@ impl Capture {
 
     /// Decodes one chunk. Records that fail to decode are skipped and reported.
     pub fn decode_chunk(&self, chunk: &ChunkRef) -> (Vec<Record>, Vec<ReadWarning>) {
+        let mut records = Vec::with_capacity(chunk.records.min(1 << 16) as usize);
+        let warnings = self.visit_chunk(
+            chunk,
+            |_| true,
+            |r| {
+                records.push(match r {
+                    RecordRef::Sample(s) => Record::Sample(s.to_owned()),
+                    RecordRef::Other(r) => r,
+                })
+            },
+        );
+        (records, warnings)
+    }
+
+    /// Decodes one chunk in place, calling `visit` on each record whose kind `want`
+    /// accepts; other records are skipped without being decoded. Samples borrow their
+    /// stack bytes from a per-thread buffer, so nothing is copied or allocated per
+    /// sample: this is the fast path for analysis.
+    pub fn visit_chunk(
+        &self,
+        chunk: &ChunkRef,
+        mut want: impl FnMut(u16) -> bool,
+        mut visit: impl FnMut(RecordRef<'_>),
+    ) -> Vec<ReadWarning> {
         let mut warnings = Vec::new();
         let start = chunk.offset as usize + CHUNK_HEADER_LEN;
         let payload = &self.data()[start..start + chunk.compressed_len as usize];
-        let raw = match zstd::bulk::decompress(payload, chunk.uncompressed_len as usize) {
-            Ok(raw) if raw.len() == chunk.uncompressed_len as usize => raw,
-            Ok(raw) => {
-                warnings.push(corrupt(chunk, format!("inflates to {} bytes", raw.len())));
-                return (Vec::new(), warnings);
+        // Reuse one buffer per thread: fresh multi-MiB buffers cost more in page faults
+        // than decompression itself.
+        let mut raw = CHUNK_BUFFER.with(|b| b.take());
+        raw.clear();
+        raw.reserve(chunk.uncompressed_len as usize);
+        // Inflates into the spare capacity: no zeroing of the buffer first.
+        let inflated = zstd::bulk::Decompressor::new()
+            .and_then(|mut d| d.decompress_to_buffer(payload, &mut raw));
+        match inflated {
+            Ok(n) if n == chunk.uncompressed_len as usize => {}
+            Ok(n) => {
+                warnings.push(corrupt(chunk, format!("inflates to {n} bytes")));
+                raw.clear();
             }
             Err(e) => {
                 warnings.push(corrupt(chunk, format!("zstd: {e}")));
-                return (Vec::new(), warnings);
+                raw.clear();
             }
-        };
-        let mut records = Vec::with_capacity(chunk.records.min(1 << 16) as usize);
+        }
         let mut unknown: Vec<(u16, u64)> = Vec::new();
         let mut pos = 0usize;
         while pos < raw.len() {
@@ -194,17 +225,20 @@ impl Capture {
             }
             let body = &raw[pos..pos + len];
             pos += len;
+            if !want(k) {
+                continue;
+            }
             match decode_record(k, body) {
-                Ok(Some(r)) => records.push(r),
+                Ok(Some(r)) => visit(r),
                 Ok(None) => {
                     match unknown.iter_mut().find(|(kk, _)| *kk == k) {
                         Some((_, n)) => *n += 1,
                         None => unknown.push((k, 1)),
                     }
-                    records.push(Record::Unknown {
+                    visit(RecordRef::Other(Record::Unknown {
                         kind: k,
                         payload: body.to_vec(),
-                    });
+                    }));
                 }
                 Err(what) => warnings.push(ReadWarning::BadRecord {
                     chunk_offset: chunk.offset,
@@ -213,12 +247,13 @@ impl Capture {
                 }),
             }
         }
+        CHUNK_BUFFER.with(|b| b.replace(raw));
         warnings.extend(
             unknown
                 .into_iter()
                 .map(|(kind, count)| ReadWarning::UnknownKind { kind, count }),
         );
-        (records, warnings)
+        warnings
     }
 
     /// Decodes every chunk in order. Warnings include the damage found when opening and
@@ -264,8 +299,12 @@ pub(crate) fn merge_unknown(warnings: Vec<ReadWarning>) -> Vec<ReadWarning> {
     out
 }
 
-fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
-    match bincode::serde::decode_from_slice(body, bincode_config()) {
+thread_local! {
+    static CHUNK_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+    match bincode::serde::borrow_decode_from_slice(body, bincode_config()) {
         Ok((v, n)) if n == body.len() => Ok(v),
         Ok((_, n)) => Err(format!("{} trailing bytes", body.len() - n)),
         Err(e) => Err(e.to_string()),
@@ -273,19 +312,21 @@ fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
 }
 
 /// `Ok(None)` for kinds this reader does not know.
-fn decode_record(k: u16, body: &[u8]) -> Result<Option<Record>, String> {
-    Ok(Some(match k {
+fn decode_record(k: u16, body: &[u8]) -> Result<Option<RecordRef<'_>>, String> {
+    if k == kind::SAMPLE {
+        return Ok(Some(RecordRef::Sample(decode(body)?)));
+    }
+    Ok(Some(RecordRef::Other(match k {
         kind::HEADER => Record::Header(decode(body)?),
         kind::PROCESS => Record::Process(decode(body)?),
         kind::THREAD_NAME => Record::ThreadName(decode(body)?),
         kind::MAPPING => Record::Mapping(decode(body)?),
         kind::BINARY => Record::Binary(decode(body)?),
-        kind::SAMPLE => Record::Sample(decode(body)?),
         kind::LOST => Record::Lost(decode(body)?),
         kind::END => Record::End(decode(body)?),
         kind::KERNEL_SYMBOLS => Record::KernelSymbols(decode(body)?),
         _ => return Ok(None),
-    }))
+    })))
 }
 
 /// Finds every valid chunk. After damage, resynchronises on the next chunk magic whose

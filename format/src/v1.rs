@@ -86,6 +86,7 @@ pub struct Mapping {
     /// Path as in /proc/PID/maps (`[vdso]`, `[stack]`, or a file).
     pub path: String,
     /// GNU build-id of the mapped ELF file, when it has one.
+    #[serde(with = "serde_bytes")]
     pub build_id: Option<Vec<u8>>,
 }
 
@@ -108,6 +109,7 @@ pub struct Section {
     pub addr: u64,
     pub offset: u64,
     pub size: u64,
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
 
@@ -115,6 +117,7 @@ pub struct Section {
 /// Written once per build-id (or per path for files without one).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Binary {
+    #[serde(with = "serde_bytes")]
     pub build_id: Option<Vec<u8>>,
     pub path: String,
     pub file_size: u64,
@@ -179,9 +182,47 @@ pub struct Sample {
     pub flags: u32,
     pub regs: Regs,
     /// User-stack bytes starting at `regs.sp`.
+    #[serde(with = "serde_bytes")]
     pub user_stack: Vec<u8>,
     /// Kernel return addresses, innermost first (empty for user-mode samples).
     pub kernel_stack: Vec<u64>,
+}
+
+/// A [`Sample`] decoded in place: its stack bytes borrow from the decompressed chunk.
+/// Same fields in the same order as `Sample`, so the encoding is the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleRef<'a> {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u32,
+    pub flags: u32,
+    pub regs: Regs,
+    #[serde(borrow)]
+    pub user_stack: &'a [u8],
+    pub kernel_stack: Vec<u64>,
+}
+
+impl SampleRef<'_> {
+    pub fn to_owned(&self) -> Sample {
+        Sample {
+            time_ns: self.time_ns,
+            pid: self.pid,
+            tid: self.tid,
+            cpu: self.cpu,
+            flags: self.flags,
+            regs: self.regs,
+            user_stack: self.user_stack.to_vec(),
+            kernel_stack: self.kernel_stack.clone(),
+        }
+    }
+}
+
+/// A record visited in place by [`crate::Capture::visit_chunk`].
+#[derive(Debug)]
+pub enum RecordRef<'a> {
+    Sample(SampleRef<'a>),
+    Other(Record),
 }
 
 /// Samples the kernel could not hand over (ring buffer full), counted since the last `Lost`.

@@ -3,45 +3,45 @@
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
+use rustc_hash::FxHashMap;
+
 use super::{StackOptions, TRUNCATED_FRAME};
-use crate::Profile;
+use crate::{FrameId, Profile};
 
 /// Each distinct stack line (without count) and its number of samples, sorted
 /// lexicographically so that output is deterministic.
 pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, u64> {
+    // Count distinct (thread, truncated, frames) first: far fewer than samples.
+    let mut distinct: FxHashMap<(usize, bool, &[FrameId]), u64> = FxHashMap::default();
+    for sample in &profile.samples {
+        let thread = if opts.thread_names { sample.thread } else { 0 };
+        *distinct
+            .entry((thread, sample.truncated, &sample.frames))
+            .or_default() += 1;
+    }
     let names: Vec<String> = profile
         .frames
         .iter()
         .map(|f| sanitize(&f.display_name()))
         .collect();
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
-    let mut line = String::new();
-    for sample in &profile.samples {
-        line.clear();
-        let mut push = |part: &str| {
-            if !line.is_empty() {
-                line.push(';');
-            }
-            line.push_str(part);
-        };
+    for ((thread, truncated, frames), count) in distinct {
+        let mut parts: Vec<&str> = Vec::with_capacity(frames.len() + 2);
+        let thread_name;
         if opts.thread_names {
-            push(&sanitize(profile.thread_name(sample)));
+            thread_name = sanitize(&profile.threads[thread].name);
+            parts.push(&thread_name);
         }
-        if sample.truncated {
-            push(TRUNCATED_FRAME);
+        if truncated {
+            parts.push(TRUNCATED_FRAME);
         }
-        for &id in &sample.frames {
-            push(&names[id as usize]);
-        }
-        if line.is_empty() {
-            line.push_str("[unknown]");
-        }
-        match stacks.get_mut(line.as_str()) {
-            Some(n) => *n += 1,
-            None => {
-                stacks.insert(line.clone(), 1);
-            }
-        }
+        parts.extend(frames.iter().map(|&id| names[id as usize].as_str()));
+        let line = if parts.is_empty() {
+            "[unknown]".to_string()
+        } else {
+            parts.join(";")
+        };
+        *stacks.entry(line).or_default() += count;
     }
     stacks
 }
