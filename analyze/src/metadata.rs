@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use lrec_format::{
-    kind, Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record, RecordRef,
+    kind, kind_bit, Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record, RecordRef,
 };
 use rayon::prelude::*;
 
@@ -32,6 +32,10 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
         .chunks()
         .par_iter()
         .map(|chunk| {
+            // Chunks of samples only need not be inflated here.
+            if chunk.kinds == kind_bit(kind::SAMPLE) {
+                return (Vec::new(), Vec::new(), true);
+            }
             let mut has_samples = false;
             let mut kept = Vec::new();
             // Samples are skipped undecoded here; the unwinding pass visits them.

@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 use crate::v1::{kind, Record, RecordRef};
 use crate::{
-    bincode_config, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FILE_HEADER_LEN, FORMAT_VERSION,
-    MAGIC, MAX_CHUNK_LEN,
+    bincode_config, chunk_crc, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FILE_HEADER_LEN,
+    FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
 };
 
 /// Something wrong with a capture that did not stop it from being read.
@@ -68,6 +68,8 @@ pub struct ChunkRef {
     pub compressed_len: u32,
     pub uncompressed_len: u32,
     pub records: u32,
+    /// Bit `k` set: the chunk holds records of kind `k` (see [`crate::kind_bit`]).
+    pub kinds: u32,
 }
 
 enum Bytes {
@@ -413,7 +415,8 @@ fn check_chunk(data: &[u8], pos: usize) -> ChunkCheck {
         };
     }
     let word = |i: usize| u32::from_le_bytes(rest[i..i + 4].try_into().unwrap());
-    let (magic, clen, ulen, records, crc) = (word(0), word(4), word(8), word(12), word(16));
+    let (magic, clen, ulen, records, kinds) = (word(0), word(4), word(8), word(12), word(16));
+    let crc = word(20);
     if magic != CHUNK_MAGIC || clen > MAX_CHUNK_LEN || ulen > MAX_CHUNK_LEN || records == 0 {
         return ChunkCheck::Invalid;
     }
@@ -423,7 +426,7 @@ fn check_chunk(data: &[u8], pos: usize) -> ChunkCheck {
             missing: (end - rest.len()) as u64,
         };
     }
-    if crc32fast::hash(&rest[CHUNK_HEADER_LEN..end]) != crc {
+    if chunk_crc(&rest[..20], &rest[CHUNK_HEADER_LEN..end]) != crc {
         return ChunkCheck::Invalid;
     }
     ChunkCheck::Valid(ChunkRef {
@@ -431,5 +434,6 @@ fn check_chunk(data: &[u8], pos: usize) -> ChunkCheck {
         compressed_len: clen,
         uncompressed_len: ulen,
         records,
+        kinds,
     })
 }

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use crate::v1::{Header, Record};
-use crate::{bincode_config, FormatError, CHUNK_MAGIC, FORMAT_VERSION, MAGIC};
+use crate::{bincode_config, chunk_crc, FormatError, CHUNK_MAGIC, FORMAT_VERSION, MAGIC};
 
 /// Uncompressed bytes buffered before a chunk is written out on its own.
 const DEFAULT_CHUNK_TARGET: usize = 8 << 20;
@@ -14,6 +14,7 @@ pub struct CaptureWriter<W: Write> {
     out: W,
     buf: Vec<u8>,
     records: u32,
+    kinds: u32,
     level: i32,
     chunk_target: usize,
     bytes_written: u64,
@@ -29,6 +30,7 @@ impl<W: Write> CaptureWriter<W> {
             out,
             buf: Vec::new(),
             records: 0,
+            kinds: 0,
             level: 3,
             chunk_target: DEFAULT_CHUNK_TARGET,
             bytes_written: crate::FILE_HEADER_LEN as u64,
@@ -83,6 +85,7 @@ impl<W: Write> CaptureWriter<W> {
         let len = (self.buf.len() - start - 6) as u32;
         self.buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
         self.records += 1;
+        self.kinds |= crate::kind_bit(record.kind());
         if self.buf.len() >= self.chunk_target {
             self.flush()?;
         }
@@ -98,12 +101,15 @@ impl<W: Write> CaptureWriter<W> {
             head[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
             head[8..12].copy_from_slice(&(self.buf.len() as u32).to_le_bytes());
             head[12..16].copy_from_slice(&self.records.to_le_bytes());
-            head[16..20].copy_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+            head[16..20].copy_from_slice(&self.kinds.to_le_bytes());
+            let crc = chunk_crc(&head[..20], &payload);
+            head[20..24].copy_from_slice(&crc.to_le_bytes());
             self.out.write_all(&head)?;
             self.out.write_all(&payload)?;
             self.bytes_written += (head.len() + payload.len()) as u64;
             self.buf.clear();
             self.records = 0;
+            self.kinds = 0;
         }
         self.out.flush()?;
         Ok(())

@@ -66,6 +66,35 @@ fn round_trip() {
     assert_eq!(warnings, vec![]);
     assert_eq!(records, expected);
     assert_eq!(cap.chunks().len(), 1 + 10 + 1);
+    // Each chunk says which kinds it holds.
+    let kinds: Vec<u32> = cap.chunks().iter().map(|c| c.kinds).collect();
+    assert_eq!(kinds[0], kind_bit(kind::HEADER));
+    assert_eq!(kinds[1], kind_bit(kind::MAPPING) | kind_bit(kind::SAMPLE));
+    assert_eq!(kinds[2], kind_bit(kind::SAMPLE));
+    assert_eq!(kinds[11], kind_bit(kind::END));
+}
+
+#[test]
+fn visiting_borrows_samples_and_skips_unwanted_kinds() {
+    let (bytes, expected) = capture(20, 20);
+    let cap = Capture::from_bytes(bytes).unwrap();
+    let mut seen = Vec::new();
+    for c in cap.chunks() {
+        let w = cap.visit_chunk(
+            c,
+            |k| k == kind::SAMPLE,
+            |r| match r {
+                RecordRef::Sample(s) => seen.push(Record::Sample(s.to_owned())),
+                RecordRef::Other(r) => panic!("unwanted record visited: {r:?}"),
+            },
+        );
+        assert!(w.is_empty());
+    }
+    let samples: Vec<Record> = expected
+        .into_iter()
+        .filter(|r| matches!(r, Record::Sample(_)))
+        .collect();
+    assert_eq!(seen, samples);
 }
 
 #[test]
@@ -75,7 +104,7 @@ fn truncation_keeps_every_complete_chunk() {
     let ends: Vec<usize> = cap
         .chunks()
         .iter()
-        .map(|c| c.offset as usize + 20 + c.compressed_len as usize)
+        .map(|c| c.offset as usize + 24 + c.compressed_len as usize)
         .collect();
     for cut in 12..bytes.len() {
         let cap = Capture::from_bytes(bytes[..cut].to_vec()).unwrap();

@@ -86,6 +86,21 @@ fn build_id_of<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<Vec<
     })
 }
 
+/// The program interpreter (PT_INTERP, e.g. `/lib64/ld-linux-x86-64.so.2`) of an ELF
+/// file; `data` need only hold the headers and the interpreter string.
+pub fn interpreter(data: &[u8]) -> Option<String> {
+    if FileKind::parse(data).ok()? != FileKind::Elf64 {
+        return None;
+    }
+    let header = elf::FileHeader64::<Endianness>::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let phdrs = header.program_headers(endian, data).ok()?;
+    let interp = phdrs
+        .iter()
+        .find_map(|ph| ph.interpreter(endian, data).ok().flatten())?;
+    String::from_utf8(interp.to_vec()).ok()
+}
+
 /// The capture record of the ELF file `data`, read from `path`.
 ///
 /// Never fails: a file that is not a little-endian x86_64 ELF64 file, or whose headers do
@@ -288,6 +303,14 @@ mod tests {
             &eh_frame.data[..]
         );
         binary
+    }
+
+    #[test]
+    fn interpreter_of_a_dynamic_program() {
+        let data = std::fs::read("/bin/ls").unwrap();
+        let interp = interpreter(&data).unwrap();
+        assert!(interp.contains("ld-linux"), "{interp}");
+        assert_eq!(interpreter(b"#!/bin/sh\n"), None);
     }
 
     #[test]

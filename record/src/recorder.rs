@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
 
 use crate::elf::{self, DebugInfo};
+use crate::embedder::{Embedder, Job};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
 use crate::sampler::{Sampler, SamplerConfig};
@@ -51,6 +52,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
         ring_bytes: args.ring_mib << 20,
+        loaders: target.loaders(&args.command),
     })?;
     target.start(&args.command)?;
     let debug = match args.debuginfo {
@@ -66,17 +68,23 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let reason = loop {
+        sampler.wait(Duration::from_millis(100))?;
+        // New libraries first, while the process surely still has them mapped.
+        if sampler.mappings_changed() {
+            rec.refresh_maps()?;
+        }
         let mut failure = None;
-        sampler.poll(Duration::from_millis(100), |bytes| {
+        sampler.drain(|bytes| {
             if failure.is_none() {
                 failure = rec.on_sample(bytes).err();
             }
-        })?;
+        });
         if let Some(e) = failure {
             return Err(e);
         }
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
+        rec.write_embedded(false)?;
         if last_flush.elapsed() >= FLUSH_EVERY {
             rec.flush()?;
             last_flush = Instant::now();
@@ -94,9 +102,9 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         }
         if let Some(exit) = target.exited() {
             // Drain what the last moments left in the ring buffer.
-            sampler.poll(Duration::ZERO, |bytes| {
+            sampler.drain(|bytes| {
                 let _ = rec.on_sample(bytes);
-            })?;
+            });
             break match exit {
                 Exit::Code(c) => format!("target exited with status {c}"),
                 Exit::Signal(s) => format!("target killed by signal {s}"),
@@ -154,8 +162,9 @@ struct Recording {
     written: HashSet<MappingKey>,
     /// Build-id per mapped file, keyed by (dev, inode, path).
     build_ids: HashMap<(u32, u32, u64, String), Option<Vec<u8>>>,
-    /// Binaries embedded, by build-id or by path when there is none.
+    /// Binaries embedded or queued, by build-id or by path when there is none.
     embedded: HashSet<Vec<u8>>,
+    embedder: Embedder,
     threads: HashMap<u32, String>,
     kernel_addrs: HashSet<u64>,
     last_maps_read: Instant,
@@ -173,6 +182,7 @@ impl Recording {
             written: HashSet::new(),
             build_ids: HashMap::new(),
             embedded: HashSet::new(),
+            embedder: Embedder::new(),
             threads: HashMap::new(),
             kernel_addrs: HashSet::new(),
             last_maps_read: Instant::now(),
@@ -267,7 +277,7 @@ impl Recording {
             }
             let build_id = self.build_id_of(&entry);
             if entry.perms.contains('x') {
-                self.embed(&entry, &build_id)?;
+                self.queue_embed(&entry, &build_id);
             }
             self.writer
                 .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
@@ -302,33 +312,38 @@ impl Recording {
         id
     }
 
-    /// Embeds the binary behind an executable mapping, once per build-id (or path).
-    fn embed(&mut self, entry: &MapsEntry, build_id: &Option<Vec<u8>>) -> Result<()> {
+    /// Hands the binary behind an executable mapping to the embedding thread, once per
+    /// build-id (or path).
+    fn queue_embed(&mut self, entry: &MapsEntry, build_id: &Option<Vec<u8>>) {
         let key = build_id
             .clone()
             .unwrap_or_else(|| entry.path.as_bytes().to_vec());
-        if self.embedded.contains(&key) || !(is_file(entry) || entry.path == "[vdso]") {
-            return Ok(());
+        let vdso = entry.path == "[vdso]";
+        if self.embedded.contains(&key) || !(is_file(entry) || vdso) {
+            return;
         }
         self.embedded.insert(key);
-        let data = if entry.path == "[vdso]" {
-            read_memory(self.pid, entry.start, entry.end - entry.start)
+        // The vDSO has no file: copy it now, while the process exists.
+        let memory = vdso.then(|| read_memory(self.pid, entry.start, entry.end - entry.start));
+        self.embedder.submit(Job {
+            pid: self.pid,
+            entry: entry.clone(),
+            build_id: build_id.clone(),
+            memory,
+            debug: self.debug,
+        });
+    }
+
+    /// Writes the binaries the embedding thread has finished; with `wait`, all of them.
+    fn write_embedded(&mut self, wait: bool) -> Result<()> {
+        let done: Vec<Binary> = if wait {
+            self.embedder.finish()
         } else {
-            procfs::open_mapped_file(self.pid, entry).and_then(|mut f| {
-                let mut v = Vec::new();
-                f.read_to_end(&mut v).map(|_| v)
-            })
+            self.embedder.finished().collect()
         };
-        let binary = match data {
-            Ok(d) => elf::binary_record(&entry.path, &d, self.debug),
-            Err(e) => Binary {
-                build_id: build_id.clone(),
-                path: entry.path.clone(),
-                error: Some(format!("cannot read {}: {e}", entry.path)),
-                ..Binary::default()
-            },
-        };
-        self.writer.push(&Record::Binary(binary))?;
+        for binary in done {
+            self.writer.push(&Record::Binary(binary))?;
+        }
         Ok(())
     }
 
@@ -349,6 +364,7 @@ impl Recording {
     }
 
     fn finish(mut self, reason: &str) -> Result<Summary> {
+        self.write_embedded(true)?;
         // Threads may have renamed themselves since first seen.
         let tids: Vec<u32> = self.threads.keys().copied().collect();
         for tid in tids {

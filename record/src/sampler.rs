@@ -2,14 +2,17 @@
 //! All BPF and perf_event system calls of lrec happen here.
 
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::PerfEvent;
+use aya::programs::uprobe::UProbeScope;
+use aya::programs::{PerfEvent, UProbe};
 use aya::{Ebpf, EbpfLoader};
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
+static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
 
 /// What to sample.
 pub struct SamplerConfig {
@@ -18,6 +21,8 @@ pub struct SamplerConfig {
     pub stack_size: u32,
     /// Ring buffer bytes (a power of two, at least a page).
     pub ring_bytes: u32,
+    /// The target's dynamic loaders (ld.so), watched for newly mapped libraries.
+    pub loaders: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,8 @@ pub enum SamplerError {
     },
     #[error("listing online CPUs ({0}) failed")]
     Cpus(String, #[source] std::io::Error),
+    #[error("found no dynamic loader to watch")]
+    NoLoader,
     #[error("poll on the ring buffer failed")]
     Poll(#[source] std::io::Error),
 }
@@ -51,6 +58,40 @@ pub struct Sampler {
     _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
+    loader: Option<LoaderWatch>,
+}
+
+/// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
+struct LoaderWatch {
+    _ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+}
+
+impl LoaderWatch {
+    fn attach(pid: u32, loaders: &[PathBuf]) -> Result<LoaderWatch, SamplerError> {
+        let mut ebpf = EbpfLoader::new()
+            .override_global("target_tgid", &pid, true)
+            .load(LOADER_BPF)
+            .map_err(SamplerError::Load)?;
+        let probe: &mut UProbe = ebpf
+            .program_mut("dl_debug_state")
+            .expect("program is in the object")
+            .try_into()
+            .map_err(SamplerError::Program)?;
+        probe.load().map_err(SamplerError::Program)?;
+        let mut attached = 0;
+        for path in loaders {
+            match probe.attach("_dl_debug_state", path, UProbeScope::AllProcesses) {
+                Ok(_) => attached += 1,
+                Err(e) => eprintln!("lrec: warning: no uprobe on {}: {e}", path.display()),
+            }
+        }
+        if attached == 0 {
+            return Err(SamplerError::NoLoader);
+        }
+        let ring = take(&mut ebpf, "loader_events", RingBuf::try_from)?;
+        Ok(LoaderWatch { _ebpf: ebpf, ring })
+    }
 }
 
 impl Sampler {
@@ -85,39 +126,67 @@ impl Sampler {
         }
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
+        // A static program has no loader and nothing to watch.
+        let loader = match LoaderWatch::attach(cfg.pid, &cfg.loaders) {
+            Ok(w) => Some(w),
+            Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
+            Err(e) => {
+                eprintln!(
+                    "lrec: warning: cannot watch the dynamic loader ({e}); libraries loaded \
+                     less than 0.1 s before the target exits may be missing"
+                );
+                None
+            }
+        };
         Ok(Sampler {
             _ebpf: ebpf,
             ring,
             lost,
+            loader,
         })
     }
 
-    /// Waits up to `timeout` for samples, then hands every pending record to `f`.
-    /// Returns the number of records.
-    pub fn poll(
-        &mut self,
-        timeout: Duration,
-        mut f: impl FnMut(&[u8]),
-    ) -> Result<usize, SamplerError> {
-        let mut pfd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
+    /// Waits up to `timeout` for samples or news from the loader.
+    pub fn wait(&mut self, timeout: Duration) -> Result<(), SamplerError> {
+        let mut fds = [self.ring.as_raw_fd(), -1].map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+        });
+        if let Some(w) = &self.loader {
+            fds[1].fd = w.ring.as_raw_fd();
+        }
+        // SAFETY: two valid pollfds (poll ignores a negative fd).
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
         if rc < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
                 return Err(SamplerError::Poll(e));
             }
         }
+        Ok(())
+    }
+
+    /// Whether the target's loader mapped or unmapped libraries since the last call.
+    pub fn mappings_changed(&mut self) -> bool {
+        let Some(w) = &mut self.loader else {
+            return false;
+        };
+        let mut changed = false;
+        while w.ring.next().is_some() {
+            changed = true;
+        }
+        changed
+    }
+
+    /// Hands every pending sample record to `f`; returns how many there were.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
         let mut n = 0;
         while let Some(item) = self.ring.next() {
             f(&item);
             n += 1;
         }
-        Ok(n)
+        n
     }
 
     /// Samples dropped by BPF so far because the ring buffer was full.

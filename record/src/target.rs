@@ -1,7 +1,11 @@
 //! The process being recorded: an existing PID, or a command lrec starts and holds at a
 //! gate until sampling is attached, so its first instructions are sampled too.
 
+use std::collections::HashSet;
 use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 #[derive(Debug, thiserror::Error)]
@@ -179,6 +183,59 @@ impl Target {
             }
         }
     }
+}
+
+impl Target {
+    /// The dynamic loaders the target runs (or will run, once `cmd` is exec'd), as paths
+    /// lrec can open; deduplicated by inode. Empty for static programs.
+    pub fn loaders(&self, cmd: &[String]) -> Vec<PathBuf> {
+        let mut found: Vec<PathBuf> = Vec::new();
+        let root = PathBuf::from(format!("/proc/{}/root", self.pid));
+        if self.spawned {
+            // Not exec'd yet: read the command's file (and its #! interpreter).
+            let mut file = cmd.first().and_then(|c| which(c));
+            for _ in 0..2 {
+                let Some(path) = file.take() else { break };
+                let head = read_head(&path);
+                if let Some(interp) = crate::elf::interpreter(&head) {
+                    found.push(PathBuf::from(interp));
+                } else if let Some(script) = head.strip_prefix(b"#!") {
+                    let line = script.split(|&b| b == b'\n').next().unwrap_or_default();
+                    let line = String::from_utf8_lossy(line);
+                    file = line.split_whitespace().next().map(PathBuf::from);
+                }
+            }
+            found.push(PathBuf::from("/lib64/ld-linux-x86-64.so.2"));
+        } else {
+            let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
+            if let Some(interp) = crate::elf::interpreter(&read_head(&exe)) {
+                found.push(root.join(interp.trim_start_matches('/')));
+            }
+        }
+        let mut seen = HashSet::new();
+        found.retain(|p| std::fs::metadata(p).is_ok_and(|m| seen.insert((m.dev(), m.ino()))));
+        found
+    }
+}
+
+/// The file `cmd` names, searched in PATH as execvp does.
+fn which(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// The first 4 KiB of a file: ELF headers and PT_INTERP, or a #! line.
+fn read_head(path: &Path) -> Vec<u8> {
+    let mut head = Vec::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(4096).read_to_end(&mut head);
+    }
+    head
 }
 
 static EXEC_REPORT: AtomicI32 = AtomicI32::new(-1);

@@ -66,3 +66,42 @@ fn late_threads_dlopen_and_early_exit() {
     assert!(s.fraction() >= 0.99, "wrong stacks: {:#?}", s.wrong);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A process that lives 0.15 s: lrec must still see the libraries ld.so maps at start
+/// (through its uprobe on _dl_debug_state), so its stacks unwind through libc.
+#[test]
+fn short_lived_process_keeps_its_libraries() {
+    let Some(_guard) = bpf_test("short_lived_process_keeps_its_libraries") else {
+        return;
+    };
+    let dir = tempfile_dir("short");
+    for round in 0..3 {
+        let cap = dir.join(format!("short-{round}.lrec"));
+        run(Command::new(bin("lrec"))
+            .args(["-F", "999", "-q", "-o"])
+            .arg(&cap)
+            .arg("--")
+            .arg(fixture("native"))
+            .arg("0.15"));
+        let info = run(Command::new(bin("lanalyze"))
+            .arg(&cap)
+            .args(["--info", "--offline"]))
+        .stdout;
+        let info = String::from_utf8(info).unwrap();
+        assert!(
+            info.contains("libc.so.6"),
+            "round {round}: libc missing:\n{info}"
+        );
+        let (stacks, _) = folded(&cap, &["--offline"]);
+        let s = score(&stacks, &native_truth());
+        assert!(s.judged > 0, "round {round}: nothing sampled");
+        assert!(
+            s.fraction() >= 0.95,
+            "round {round}: {}/{} exact: {:#?}",
+            s.exact,
+            s.judged,
+            s.wrong
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

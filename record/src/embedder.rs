@@ -1,0 +1,107 @@
+//! Reads mapped binaries and extracts their unwind and symbol sections on a worker
+//! thread: a big file (a binary with DWARF) takes long enough to read that the recording
+//! loop would otherwise miss the moment a short-lived target maps its libraries.
+
+use std::fs::File;
+use std::io::Read;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+use lrec_format::Binary;
+
+use crate::elf::{self, DebugInfo};
+use crate::procfs::{self, MapsEntry};
+
+/// A binary to embed: the mapping it was seen in, and for the vDSO its bytes.
+pub struct Job {
+    pub pid: u32,
+    pub entry: MapsEntry,
+    pub build_id: Option<Vec<u8>>,
+    /// Bytes already copied from the process (the vDSO has no file).
+    pub memory: Option<std::io::Result<Vec<u8>>>,
+    pub debug: DebugInfo,
+}
+
+pub struct Embedder {
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Binary>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Embedder {
+    pub fn new() -> Embedder {
+        let (jobs, inbox) = channel::<Job>();
+        let (outbox, done) = channel();
+        let worker = std::thread::Builder::new()
+            .name("lrec-embed".into())
+            .spawn(move || {
+                for job in inbox {
+                    if outbox.send(embed(job)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("spawning the embedding thread");
+        Embedder {
+            jobs: Some(jobs),
+            done,
+            worker: Some(worker),
+        }
+    }
+
+    pub fn submit(&self, job: Job) {
+        if let Some(jobs) = &self.jobs {
+            // The worker only stops when `jobs` is dropped.
+            let _ = jobs.send(job);
+        }
+    }
+
+    /// Binaries finished so far.
+    pub fn finished(&self) -> impl Iterator<Item = Binary> + '_ {
+        self.done.try_iter()
+    }
+
+    /// Waits for every submitted binary.
+    pub fn finish(&mut self) -> Vec<Binary> {
+        self.jobs = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+        self.done.try_iter().collect()
+    }
+}
+
+fn embed(job: Job) -> Binary {
+    let data = match job.memory {
+        Some(m) => m,
+        None => read_mapped_file(job.pid, &job.entry),
+    };
+    let data = data.and_then(|d| match (&job.build_id, elf::build_id(&d)) {
+        (Some(want), Some(got)) if *want != got => Err(std::io::Error::other(
+            "the file on disk is not the one that was mapped (build-id differs)",
+        )),
+        _ => Ok(d),
+    });
+    match data {
+        Ok(d) => elf::binary_record(&job.entry.path, &d, job.debug),
+        Err(e) => Binary {
+            build_id: job.build_id,
+            path: job.entry.path.clone(),
+            error: Some(format!("cannot read {}: {e}", job.entry.path)),
+            ..Binary::default()
+        },
+    }
+}
+
+/// A mapped file's bytes: through /proc while the process lives, else from its path
+/// (the caller checks the build-id).
+fn read_mapped_file(pid: u32, entry: &MapsEntry) -> std::io::Result<Vec<u8>> {
+    let mut f = match procfs::open_mapped_file(pid, entry) {
+        Ok(f) => f,
+        Err(_) if !entry.is_deleted() => File::open(&entry.path)?,
+        Err(e) => return Err(e),
+    };
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
+}
