@@ -37,6 +37,8 @@ pub struct MappedRegion {
     pub image: Option<usize>,
     /// `avma - svma`, when the image's segments place the mapping.
     pub bias: Option<u64>,
+    /// The unwinder has a module with unwind info for this region.
+    pub has_unwind_info: bool,
 }
 
 impl MappedRegion {
@@ -50,20 +52,21 @@ pub struct AddressSpace {
     /// Sorted by start, non-overlapping.
     regions: Vec<MappedRegion>,
     pub unwinder: ProcessUnwinder,
-    /// Starts of the regions that have a module with unwind info in `unwinder`, sorted.
-    module_starts: Vec<u64>,
 }
 
 impl AddressSpace {
     pub fn region(&self, avma: u64) -> Option<&MappedRegion> {
-        let i = self.regions.partition_point(|r| r.start <= avma);
-        let r = self.regions[..i].last()?;
-        (avma < r.end).then_some(r)
+        self.region_index(avma).map(|i| &self.regions[i])
     }
 
-    /// Whether the region starting at `start` has unwind info.
-    pub fn has_module(&self, start: u64) -> bool {
-        self.module_starts.binary_search(&start).is_ok()
+    /// Index of the region holding `avma`, for [`AddressSpace::region_at`].
+    pub fn region_index(&self, avma: u64) -> Option<usize> {
+        let i = self.regions.partition_point(|r| r.start <= avma);
+        (i > 0 && avma < self.regions[i - 1].end).then_some(i - 1)
+    }
+
+    pub fn region_at(&self, index: usize) -> &MappedRegion {
+        &self.regions[index]
     }
 
     /// Whether any mapping is known at all (kernel threads have none).
@@ -109,6 +112,7 @@ pub fn build_process_maps(
                 name: basename(&m.path).into(),
                 image,
                 bias: image.and_then(|x| images[x].bias(m, page_size)),
+                has_unwind_info: false,
             };
             (m.time_ns, region)
         })
@@ -143,10 +147,9 @@ pub fn build_process_maps(
     let mut section_cache: HashMap<usize, Option<UnwindSections>> = HashMap::new();
     let states = snapshots
         .into_iter()
-        .map(|(time, regions)| {
+        .map(|(time, mut regions)| {
             let mut unwinder = ProcessUnwinder::new();
-            let mut module_starts = Vec::new();
-            for r in regions.iter().filter(|r| r.executable) {
+            for r in regions.iter_mut().filter(|r| r.executable) {
                 let (Some(image), Some(bias)) = (r.image, r.bias) else {
                     continue;
                 };
@@ -158,13 +161,9 @@ pub fn build_process_maps(
                     .entry((r.start, r.end, image, bias))
                     .or_insert_with(|| sections.module(&r.name, r.start..r.end, bias));
                 unwinder.add_module(module.clone());
-                module_starts.push(r.start);
+                r.has_unwind_info = true;
             }
-            let space = AddressSpace {
-                regions,
-                unwinder,
-                module_starts,
-            };
+            let space = AddressSpace { regions, unwinder };
             (time, space)
         })
         .collect();

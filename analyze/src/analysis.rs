@@ -15,7 +15,7 @@ use crate::profile::{
     BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
 };
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
-use crate::unwind::{unwind_user, StackEnd, UnwindCache};
+use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache};
 use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
 
 const DEFAULT_PAGE_SIZE: u64 = 4096;
@@ -27,7 +27,6 @@ enum UserFrame {
     Image {
         image: usize,
         lookup_svma: u64,
-        module: Arc<str>,
         file_offset: u64,
     },
     /// In a mapping without a usable image (`[vdso]`, a file lrec could not read).
@@ -187,11 +186,7 @@ fn unwind_sample(
         }
         Some(space) => {
             let stack = unwind_user(space, &s.regs, s.user_stack, cache);
-            out.user = stack
-                .frames
-                .iter()
-                .map(|a| locate(space, a.lookup_avma(), a.avma))
-                .collect();
+            out.user = stack.frames.iter().map(|a| locate(space, a)).collect();
             out.end = stack.end;
             out.without_unwind_info = stack
                 .without_unwind_info
@@ -207,19 +202,18 @@ fn unwind_sample(
     out
 }
 
-fn locate(space: &AddressSpace, lookup_avma: u64, avma: u64) -> UserFrame {
-    let Some(r) = space.region(lookup_avma) else {
+fn locate(space: &AddressSpace, address: &CodeAddress) -> UserFrame {
+    let Some(r) = address.region.map(|i| space.region_at(i)) else {
         return UserFrame::Unmapped;
     };
     if r.name.is_empty() {
         return UserFrame::Unmapped;
     }
-    let file_offset = r.file_offset(avma);
+    let file_offset = r.file_offset(address.avma);
     match (r.image, r.bias) {
         (Some(image), Some(bias)) => UserFrame::Image {
             image,
-            lookup_svma: lookup_avma.wrapping_sub(bias),
-            module: r.name.clone(),
+            lookup_svma: address.lookup_avma().wrapping_sub(bias),
             file_offset,
         },
         _ => UserFrame::Mapped {
@@ -423,11 +417,10 @@ fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
 
 /// The frames (outermost first) for one located user address.
 fn user_frames(frame: &UserFrame, images: &[Image], names: &Names, mut push: impl FnMut(Frame)) {
-    let (module, file_offset) = match frame {
+    let (module, file_offset): (&str, &u64) = match frame {
         UserFrame::Image {
             image,
             lookup_svma,
-            module,
             file_offset,
         } => {
             let functions = names[*image].get(lookup_svma).map(Vec::as_slice);
@@ -446,7 +439,7 @@ fn user_frames(frame: &UserFrame, images: &[Image], names: &Names, mut push: imp
                 }
                 return;
             }
-            (module, file_offset)
+            (images[*image].basename(), file_offset)
         }
         UserFrame::Mapped {
             module,

@@ -17,6 +17,8 @@ pub struct CodeAddress {
     pub avma: u64,
     /// A return address: the call instruction is the byte before it.
     pub is_return: bool,
+    /// The region of the address space holding `lookup_avma()`.
+    pub region: Option<usize>,
 }
 
 impl CodeAddress {
@@ -86,27 +88,26 @@ pub fn unwind_user(
             Ok(None) => break end_of(space, frames.last()),
             Err(_) => break StackEnd::Truncated,
         };
-        let address = match frame {
-            FrameAddress::InstructionPointer(avma) => CodeAddress {
-                avma,
-                is_return: false,
-            },
-            FrameAddress::ReturnAddress(avma) => CodeAddress {
-                avma: avma.get(),
-                is_return: true,
-            },
+        let (avma, is_return) = match frame {
+            FrameAddress::InstructionPointer(avma) => (avma, false),
+            FrameAddress::ReturnAddress(avma) => (avma.get(), true),
         };
-        let region = space.region(address.lookup_avma());
-        if address.is_return && !region.is_some_and(|r| r.executable) {
+        let lookup = if is_return { avma - 1 } else { avma };
+        let region = space.region_index(lookup);
+        let executable = region.filter(|&i| space.region_at(i).executable);
+        if is_return && executable.is_none() {
             break StackEnd::Truncated;
         }
-        if let Some(r) = region.filter(|r| r.executable) {
-            let has_cfi = r.bias.is_some() && space.unwinder_covers(address.lookup_avma());
-            if !has_cfi && !without_unwind_info.contains(&r.start) {
+        if let Some(r) = executable.map(|i| space.region_at(i)) {
+            if !r.has_unwind_info && !without_unwind_info.contains(&r.start) {
                 without_unwind_info.push(r.start);
             }
         }
-        frames.push(address);
+        frames.push(CodeAddress {
+            avma,
+            is_return,
+            region,
+        });
     };
     let end = match end {
         StackEnd::Truncated if frames.len() <= 1 => StackEnd::Failed,
@@ -123,16 +124,12 @@ pub fn unwind_user(
 /// said "no caller", as in `_start` or `clone`). Otherwise it came from frame-pointer
 /// fallback meeting `rbp == 0`, which proves nothing.
 fn end_of(space: &AddressSpace, last: Option<&CodeAddress>) -> StackEnd {
-    match last {
-        Some(a) if space.unwinder_covers(a.lookup_avma()) => StackEnd::Complete,
-        _ => StackEnd::Truncated,
-    }
-}
-
-impl AddressSpace {
-    /// Whether `avma` lies in a module with unwind info.
-    pub fn unwinder_covers(&self, avma: u64) -> bool {
-        self.region(avma)
-            .is_some_and(|r| r.executable && r.bias.is_some() && self.has_module(r.start))
+    let covered = last
+        .and_then(|a| a.region)
+        .is_some_and(|i| space.region_at(i).executable && space.region_at(i).has_unwind_info);
+    if covered {
+        StackEnd::Complete
+    } else {
+        StackEnd::Truncated
     }
 }
