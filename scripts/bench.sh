@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
-SECS=${SECS:-6}
+SECS=${SECS:-10}
 OUT=${OUT:-target/bench}
 mkdir -p "$OUT"
 rm -f "$OUT"/{lrec.lrec,perf.data}
