@@ -8,6 +8,7 @@
 #include <linux/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "sample.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -46,11 +47,46 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
+/* Kernel fields read with CO-RE (relocated against the running kernel's BTF). */
+struct mm_struct___lrec {
+	unsigned long start_stack;
+} __attribute__((preserve_access_index));
+
+struct thread_struct___lrec {
+	unsigned long fsbase;
+} __attribute__((preserve_access_index));
+
+struct task_struct___lrec {
+	struct mm_struct___lrec *mm;
+	struct thread_struct___lrec thread;
+} __attribute__((preserve_access_index));
+
+/* Above the outermost frame a stack holds nothing an unwinder reads: the main thread's
+ * initial stack continues with argc, argv, envp and auxv (mm->start_stack is where argc
+ * is), and a glibc or musl thread's stack ends below its static TLS and thread control
+ * block (at fsbase). Copying stops at whichever lies just above sp, with slack. */
+#define LREC_BOUND_SLACK 256
+
+static __u32 copy_limit(__u64 sp)
+{
+	struct task_struct___lrec *task = (void *)bpf_get_current_task();
+	__u64 bounds[2] = {
+		BPF_CORE_READ(task, mm, start_stack) + LREC_BOUND_SLACK,
+		BPF_CORE_READ(task, thread.fsbase),
+	};
+	__u32 limit = stack_size;
+	for (int i = 0; i < 2; i++)
+		if (bounds[i] > sp && bounds[i] - sp < limit)
+			limit = bounds[i] - sp;
+	return limit;
+}
+
 struct copy_ctx {
 	__u64 sp;
 	__u32 cpu;
 	__u32 copied;
 	__u32 faulted;
+	__u32 limit;
 };
 
 /* One bpf_loop step: copy up to the end of the current page. A single large read would
@@ -62,12 +98,12 @@ static long copy_page(__u64 i, struct copy_ctx *c)
 	if (!b)
 		return 1;
 	__u32 off = c->copied;
-	if (off >= stack_size)
+	if (off >= c->limit)
 		return 1;
 	__u64 addr = c->sp + off;
 	__u32 len = LREC_PAGE_SIZE - (addr & (LREC_PAGE_SIZE - 1));
-	if (len > stack_size - off)
-		len = stack_size - off;
+	if (len > c->limit - off)
+		len = c->limit - off;
 	/* Bounds the verifier can see: offset below 64 KiB, length at most a page. */
 	off &= LREC_MAX_STACK - 1;
 	if (len == 0 || len > LREC_PAGE_SIZE)
@@ -150,7 +186,7 @@ int sample(struct bpf_perf_event_data *ctx)
 	};
 
 	/* Copy the user stack page by page, stopping at the first fault. */
-	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu };
+	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu, .limit = copy_limit(s->regs.sp) };
 	if (!(s->flags & LREC_NO_USER_REGS) && c.sp)
 		bpf_loop(LREC_MAX_STACK / LREC_PAGE_SIZE + 1, copy_page, &c, 0);
 	if (c.faulted)

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use lrec_format::{kind, sample_flags, Capture, Mapping, RecordRef, SampleRef};
+use lrec_format::{kind, kind_bit, sample_flags, Capture, Mapping, RecordRef, SampleRef};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
@@ -91,9 +91,8 @@ pub fn run(
     let unwound: Vec<UnwoundSample> = capture
         .chunks()
         .par_iter()
-        .zip(meta.chunk_has_samples.par_iter())
-        .map_init(UnwindCache::new, |cache, (chunk, &has_samples)| {
-            if !has_samples {
+        .map_init(UnwindCache::new, |cache, chunk| {
+            if chunk.kinds & kind_bit(kind::SAMPLE) == 0 {
                 return Vec::new();
             }
             let mut out = Vec::new();

@@ -22,29 +22,23 @@ pub struct Metadata {
     pub end: Option<End>,
     /// Opening damage, then per-chunk warnings in capture order.
     pub read_warnings: Vec<ReadWarning>,
-    /// Per chunk: whether it holds samples (the second pass skips the others).
-    pub chunk_has_samples: Vec<bool>,
 }
 
 /// Decodes every chunk (in parallel) and keeps all records except samples.
 pub fn read_metadata(capture: &Capture) -> Metadata {
-    let per_chunk: Vec<(Vec<Record>, Vec<ReadWarning>, bool)> = capture
+    let per_chunk: Vec<(Vec<Record>, Vec<ReadWarning>)> = capture
         .chunks()
         .par_iter()
         .map(|chunk| {
             // Chunks of samples only need not be inflated here.
-            if chunk.kinds == kind_bit(kind::SAMPLE) {
-                return (Vec::new(), Vec::new(), true);
+            if chunk.kinds & !kind_bit(kind::SAMPLE) == 0 {
+                return (Vec::new(), Vec::new());
             }
-            let mut has_samples = false;
             let mut kept = Vec::new();
             // Samples are skipped undecoded here; the unwinding pass visits them.
             let warnings = capture.visit_chunk(
                 chunk,
-                |k| {
-                    has_samples |= k == kind::SAMPLE;
-                    k != kind::SAMPLE
-                },
+                |k| k != kind::SAMPLE,
                 |r| {
                     if let RecordRef::Other(r) = r {
                         if !matches!(r, Record::Unknown { .. }) {
@@ -53,16 +47,15 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
                     }
                 },
             );
-            (kept, warnings, has_samples)
+            (kept, warnings)
         })
         .collect();
     let mut meta = Metadata {
         read_warnings: capture.warnings().to_vec(),
         ..Metadata::default()
     };
-    for (records, warnings, has_samples) in per_chunk {
+    for (records, warnings) in per_chunk {
         meta.read_warnings.extend(warnings);
-        meta.chunk_has_samples.push(has_samples);
         for record in records {
             meta.add(record);
         }

@@ -2,19 +2,33 @@
 
 use std::io::Write;
 
-use crate::v1::{Header, Record};
-use crate::{bincode_config, chunk_crc, FormatError, CHUNK_MAGIC, FORMAT_VERSION, MAGIC};
+use crate::v1::{kind, Header, Record};
+use crate::{
+    bincode_config, chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC,
+    FORMAT_VERSION, MAGIC,
+};
 
 /// Uncompressed bytes buffered before a chunk is written out on its own.
 const DEFAULT_CHUNK_TARGET: usize = 8 << 20;
 
-/// Streams records into a capture. Call [`CaptureWriter::flush`] periodically so that a
-/// crash loses at most what was buffered since; [`CaptureWriter::finish`] at the end.
-pub struct CaptureWriter<W: Write> {
-    out: W,
+/// Encoded records waiting to become one chunk.
+#[derive(Default)]
+struct Pending {
     buf: Vec<u8>,
     records: u32,
     kinds: u32,
+}
+
+/// Streams records into a capture. Call [`CaptureWriter::flush`] periodically so that a
+/// crash loses at most what was buffered since; [`CaptureWriter::finish`] at the end.
+///
+/// Samples and all other records go into separate chunks, so that a reader after the few
+/// metadata records (mappings, binaries, names) never inflates samples, and one after
+/// samples never inflates the embedded binaries. A flush writes the metadata chunk first.
+pub struct CaptureWriter<W: Write> {
+    out: W,
+    meta: Pending,
+    samples: Pending,
     level: i32,
     chunk_target: usize,
     bytes_written: u64,
@@ -28,9 +42,8 @@ impl<W: Write> CaptureWriter<W> {
         out.write_all(&0u16.to_le_bytes())?;
         let mut w = CaptureWriter {
             out,
-            buf: Vec::new(),
-            records: 0,
-            kinds: 0,
+            meta: Pending::default(),
+            samples: Pending::default(),
             level: 3,
             chunk_target: DEFAULT_CHUNK_TARGET,
             bytes_written: crate::FILE_HEADER_LEN as u64,
@@ -57,61 +70,83 @@ impl<W: Write> CaptureWriter<W> {
 
     /// Buffers one record; writes a chunk when the buffer reaches the chunk target.
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&record.kind().to_le_bytes());
-        self.buf.extend_from_slice(&[0; 4]);
+        let is_sample = record.kind() == kind::SAMPLE;
+        let pending = if is_sample {
+            &mut self.samples
+        } else {
+            &mut self.meta
+        };
+        let buf = &mut pending.buf;
+        let start = buf.len();
+        buf.extend_from_slice(&record.kind().to_le_bytes());
+        buf.extend_from_slice(&[0; 4]);
         let cfg = bincode_config();
         let res = match record {
-            Record::Header(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::Process(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::ThreadName(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::Mapping(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::Binary(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::Sample(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::Lost(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::End(r) => bincode::serde::encode_into_std_write(r, &mut self.buf, cfg),
-            Record::KernelSymbols(r) => {
-                bincode::serde::encode_into_std_write(r, &mut self.buf, cfg)
-            }
+            Record::Header(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::Process(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::ThreadName(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::Mapping(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::Binary(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::Sample(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::Lost(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::End(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
+            Record::KernelSymbols(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
             Record::Unknown { payload, .. } => {
-                self.buf.extend_from_slice(payload);
+                buf.extend_from_slice(payload);
                 Ok(payload.len())
             }
         };
         if let Err(e) = res {
-            self.buf.truncate(start);
+            buf.truncate(start);
             return Err(e.into());
         }
-        let len = (self.buf.len() - start - 6) as u32;
-        self.buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
-        self.records += 1;
-        self.kinds |= crate::kind_bit(record.kind());
-        if self.buf.len() >= self.chunk_target {
+        let len = (buf.len() - start - 6) as u32;
+        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
+        pending.records += 1;
+        pending.kinds |= kind_bit(record.kind());
+        if pending.buf.len() >= self.chunk_target {
             self.flush()?;
         }
         Ok(())
     }
 
-    /// Writes buffered records as one chunk and flushes the output.
+    /// Writes buffered records as chunks (metadata first) and flushes the output.
     pub fn flush(&mut self) -> Result<(), FormatError> {
-        if self.records > 0 {
-            let payload = zstd::bulk::compress(&self.buf, self.level)?;
-            let mut head = [0u8; crate::CHUNK_HEADER_LEN];
-            head[0..4].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
-            head[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-            head[8..12].copy_from_slice(&(self.buf.len() as u32).to_le_bytes());
-            head[12..16].copy_from_slice(&self.records.to_le_bytes());
-            head[16..20].copy_from_slice(&self.kinds.to_le_bytes());
-            let crc = chunk_crc(&head[..20], &payload);
-            head[20..24].copy_from_slice(&crc.to_le_bytes());
-            self.out.write_all(&head)?;
-            self.out.write_all(&payload)?;
-            self.bytes_written += (head.len() + payload.len()) as u64;
-            self.buf.clear();
-            self.records = 0;
-            self.kinds = 0;
-        }
+        let meta = std::mem::take(&mut self.meta);
+        self.write_chunk(&meta)?;
+        let samples = std::mem::take(&mut self.samples);
+        self.write_chunk(&samples)?;
+        // Keep the allocations for the next chunks.
+        self.meta = Pending {
+            buf: meta.buf,
+            ..Pending::default()
+        };
+        self.samples = Pending {
+            buf: samples.buf,
+            ..Pending::default()
+        };
+        self.meta.buf.clear();
+        self.samples.buf.clear();
         self.out.flush()?;
+        Ok(())
+    }
+
+    fn write_chunk(&mut self, p: &Pending) -> Result<(), FormatError> {
+        if p.records == 0 {
+            return Ok(());
+        }
+        let payload = zstd::bulk::compress(&p.buf, self.level)?;
+        let mut head = [0u8; CHUNK_HEADER_LEN];
+        head[0..4].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
+        head[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        head[8..12].copy_from_slice(&(p.buf.len() as u32).to_le_bytes());
+        head[12..16].copy_from_slice(&p.records.to_le_bytes());
+        head[16..20].copy_from_slice(&p.kinds.to_le_bytes());
+        let crc = chunk_crc(&head[..20], &payload);
+        head[20..24].copy_from_slice(&crc.to_le_bytes());
+        self.out.write_all(&head)?;
+        self.out.write_all(&payload)?;
+        self.bytes_written += (head.len() + payload.len()) as u64;
         Ok(())
     }
 
