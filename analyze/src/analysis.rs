@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lrec_format::{kind, kind_bit, sample_flags, Capture, Mapping, RecordRef, SampleRef};
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::{basename, Image};
@@ -21,7 +21,7 @@ use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
 const DEFAULT_PAGE_SIZE: u64 = 4096;
 
 /// A user frame located in the process's memory map.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum UserFrame {
     /// In a mapped image: named by its symbols at `lookup_svma`.
     Image {
@@ -88,7 +88,7 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
-    let unwound: Vec<UnwoundSample> = capture
+    let unwound: Vec<Vec<UnwoundSample>> = capture
         .chunks()
         .par_iter()
         .map_init(UnwindCache::new, |cache, chunk| {
@@ -111,14 +111,49 @@ pub fn run(
             );
             out
         })
-        .flatten()
         .collect();
 
-    let names = symbolize_images(&images, &unwound, &mut warnings);
+    // Symbolization and assembly work per distinct address, not per frame of each sample.
+    let distinct = distinct_frames(&unwound);
+    let names = symbolize_images(&images, &distinct.user, &mut warnings);
     let kernel = KernelSymbolizer::new(meta.kernel_symbols.clone());
     Ok(assemble(
-        &meta, header, &images, unwound, &names, &kernel, warnings,
+        &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     ))
+}
+
+/// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
+/// scheduling). Kernel addresses come with whether they are the leaf (looked up as is).
+struct DistinctFrames {
+    user: Vec<UserFrame>,
+    kernel: Vec<(u64, bool)>,
+}
+
+fn distinct_frames(unwound: &[Vec<UnwoundSample>]) -> DistinctFrames {
+    let (user, kernel) = unwound
+        .par_iter()
+        .map(|chunk| {
+            let mut user: FxHashSet<&UserFrame> = FxHashSet::default();
+            let mut kernel: FxHashSet<(u64, bool)> = FxHashSet::default();
+            for s in chunk {
+                user.extend(&s.user);
+                kernel.extend(s.kernel.iter().enumerate().map(|(i, &a)| (a, i == 0)));
+            }
+            (user, kernel)
+        })
+        .reduce(
+            || (FxHashSet::default(), FxHashSet::default()),
+            |mut a, b| {
+                a.0.extend(b.0);
+                a.1.extend(b.1);
+                a
+            },
+        );
+    let mut user: Vec<UserFrame> = user.into_iter().cloned().collect();
+    let mut kernel: Vec<(u64, bool)> = kernel.into_iter().collect();
+    user.sort_unstable();
+    kernel.sort_unstable();
+    DistinctFrames { user, kernel }
 }
 
 /// Images of the capture's binaries, completed from local files where the locator finds
@@ -229,11 +264,11 @@ type Names = Vec<ImageNames>;
 /// Names every address seen in each image, one image per task (symbolizers are not Sync).
 fn symbolize_images(
     images: &[Image],
-    unwound: &[UnwoundSample],
+    frames: &[UserFrame],
     warnings: &mut WarningCounter,
 ) -> Names {
     let mut wanted: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); images.len()];
-    for frame in unwound.iter().flat_map(|s| &s.user) {
+    for frame in frames {
         if let UserFrame::Image {
             image, lookup_svma, ..
         } = frame
@@ -266,17 +301,19 @@ fn symbolize_images(
 }
 
 #[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 fn assemble(
     meta: &Metadata,
     header: lrec_format::Header,
     images: &[Image],
-    unwound: Vec<UnwoundSample>,
+    unwound: Vec<Vec<UnwoundSample>>,
+    distinct: &DistinctFrames,
     names: &Names,
     kernel: &KernelSymbolizer,
     mut warnings: WarningCounter,
 ) -> Profile {
     let mut thread_samples: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for s in &unwound {
+    for s in unwound.iter().flatten() {
         *thread_samples.entry((s.pid, s.tid)).or_default() += 1;
     }
     let thread_index: HashMap<(u32, u32), usize> = thread_samples
@@ -294,17 +331,51 @@ fn assemble(
         })
         .collect();
 
+    // Name each distinct address once; samples then only look their frame ids up.
     let mut frames = FrameInterner::default();
+    let user_ids: FxHashMap<&UserFrame, Vec<FrameId>> = distinct
+        .user
+        .iter()
+        .map(|f| {
+            let mut ids = Vec::new();
+            user_frames(f, images, names, |frame| ids.push(frames.id(frame)));
+            (f, ids)
+        })
+        .collect();
+    let kernel_ids: FxHashMap<(u64, bool), FrameId> = distinct
+        .kernel
+        .iter()
+        .map(|&(addr, leaf)| ((addr, leaf), frames.id(kernel_frame(addr, leaf, kernel))))
+        .collect();
+    let samples: Vec<ProfileSample> = unwound
+        .par_iter()
+        .flat_map_iter(|chunk| chunk.iter())
+        .map(|s| {
+            let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
+            for frame in s.user.iter().rev() {
+                ids.extend_from_slice(&user_ids[frame]);
+            }
+            for (i, &addr) in s.kernel.iter().enumerate().rev() {
+                ids.push(kernel_ids[&(addr, i == 0)]);
+            }
+            ProfileSample {
+                time_ns: s.time_ns,
+                pid: s.pid,
+                tid: s.tid,
+                thread: thread_index[&(s.pid, s.tid)],
+                frames: ids,
+                truncated: s.end != StackEnd::Complete,
+            }
+        })
+        .collect();
+
     let mut stats = Stats {
         lost: meta.lost,
         ..Stats::default()
     };
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut samples = Vec::with_capacity(unwound.len());
-    let mut user_ids: FxHashMap<UserFrame, Vec<FrameId>> = FxHashMap::default();
-    let mut kernel_ids: FxHashMap<(u64, bool), FrameId> = FxHashMap::default();
-    for s in unwound {
+    for s in unwound.into_iter().flatten() {
         stats.samples += 1;
         stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
         stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
@@ -320,33 +391,6 @@ fn assemble(
         for w in s.without_unwind_info {
             *no_unwind_info.entry(w).or_default() += 1;
         }
-        let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
-        for frame in s.user.iter().rev() {
-            // Each distinct address is named once; samples share its frame ids.
-            match user_ids.get(frame) {
-                Some(known) => ids.extend_from_slice(known),
-                None => {
-                    let mut new = Vec::new();
-                    user_frames(frame, images, names, |f| new.push(frames.id(f)));
-                    ids.extend_from_slice(&new);
-                    user_ids.insert(frame.clone(), new);
-                }
-            }
-        }
-        for (i, &addr) in s.kernel.iter().enumerate().rev() {
-            let id = *kernel_ids
-                .entry((addr, i == 0))
-                .or_insert_with(|| frames.id(kernel_frame(addr, i == 0, kernel)));
-            ids.push(id);
-        }
-        samples.push(ProfileSample {
-            time_ns: s.time_ns,
-            pid: s.pid,
-            tid: s.tid,
-            thread: thread_index[&(s.pid, s.tid)],
-            frames: ids,
-            truncated: s.end != StackEnd::Complete,
-        });
     }
 
     for (pid, n) in no_mappings {

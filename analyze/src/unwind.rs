@@ -9,7 +9,26 @@ use crate::address_space::AddressSpace;
 /// Deeper stacks are cut here and marked truncated (a loop in corrupt data, or recursion).
 pub const MAX_FRAMES: usize = 2048;
 
-pub type UnwindCache = CacheX86_64;
+/// Per-thread state reused across samples: framehop's rule cache and a frame buffer.
+pub struct UnwindCache {
+    rules: CacheX86_64,
+    frames: Vec<CodeAddress>,
+}
+
+impl UnwindCache {
+    pub fn new() -> UnwindCache {
+        UnwindCache {
+            rules: CacheX86_64::new(),
+            frames: Vec::with_capacity(256),
+        }
+    }
+}
+
+impl Default for UnwindCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 /// A user-space code address found by unwinding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +64,8 @@ pub enum StackEnd {
 
 /// The user part of a stack, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserStack {
-    pub frames: Vec<CodeAddress>,
+pub struct UserStack<'a> {
+    pub frames: &'a [CodeAddress],
     pub end: StackEnd,
     /// Start addresses of mappings without unwind info that unwinding had to pass through
     /// (framehop then falls back to frame pointers).
@@ -59,24 +78,25 @@ pub struct UserStack {
 /// and the stack is truncated: frame-pointer fallback over code without frame pointers
 /// produces garbage, and a profiler must not show it. A stack only counts as complete
 /// when the last frame's own unwind info ended it.
-pub fn unwind_user(
+pub fn unwind_user<'c>(
     space: &AddressSpace,
     regs: &Regs,
     stack: &[u8],
-    cache: &mut UnwindCache,
-) -> UserStack {
+    cache: &'c mut UnwindCache,
+) -> UserStack<'c> {
     let sp = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
         let bytes = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
         Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
     };
-    let mut frames: Vec<CodeAddress> = Vec::new();
+    let frames = &mut cache.frames;
+    frames.clear();
     let mut without_unwind_info = Vec::new();
     let mut iter = space.unwinder.iter_frames(
         regs.ip,
         UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-        cache,
+        &mut cache.rules,
         &mut read_stack,
     );
     let end = loop {
