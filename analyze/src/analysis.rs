@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lrec_format::{kind, kind_bit, sample_flags, Capture, Mapping, RecordRef, SampleRef};
 use rayon::prelude::*;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::{basename, Image};
@@ -46,14 +46,40 @@ struct UnwoundSample {
     time_ns: u64,
     pid: u32,
     tid: u32,
-    /// Leaf first.
-    user: Vec<UserFrame>,
+    /// Leaf first, as indices into the chunk's [`ChunkFrames`].
+    user: Vec<u32>,
     /// Innermost first, as recorded.
     kernel: Vec<u64>,
     end: StackEnd,
     kernel_mode: bool,
     no_mappings: bool,
     without_unwind_info: Vec<WithoutUnwindInfo>,
+}
+
+/// The distinct user frames of one chunk: samples hold 4-byte indices into it, so each
+/// frame is hashed once and stored once per chunk.
+#[derive(Default)]
+struct ChunkFrames {
+    ids: FxHashMap<UserFrame, u32>,
+    list: Vec<UserFrame>,
+}
+
+impl ChunkFrames {
+    fn id(&mut self, frame: UserFrame) -> u32 {
+        if let Some(&id) = self.ids.get(&frame) {
+            return id;
+        }
+        let id = self.list.len() as u32;
+        self.list.push(frame.clone());
+        self.ids.insert(frame, id);
+        id
+    }
+}
+
+/// The unwound samples of one chunk.
+struct UnwoundChunk {
+    frames: Vec<UserFrame>,
+    samples: Vec<UnwoundSample>,
 }
 
 pub fn run(
@@ -88,14 +114,13 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
-    let unwound: Vec<Vec<UnwoundSample>> = capture
+    let unwound: Vec<UnwoundChunk> = capture
         .chunks()
         .par_iter()
+        .filter(|chunk| chunk.kinds & kind_bit(kind::SAMPLE) != 0)
         .map_init(UnwindCache::new, |cache, chunk| {
-            if chunk.kinds & kind_bit(kind::SAMPLE) == 0 {
-                return Vec::new();
-            }
-            let mut out = Vec::new();
+            let mut frames = ChunkFrames::default();
+            let mut samples = Vec::new();
             capture.visit_chunk(
                 chunk,
                 |k| k == kind::SAMPLE,
@@ -104,12 +129,15 @@ pub fn run(
                         if opts.pid.is_none_or(|p| p == s.pid)
                             && opts.tid.is_none_or(|t| t == s.tid)
                         {
-                            out.push(unwind_sample(&s, maps.get(&s.pid), cache));
+                            samples.push(unwind_sample(&s, maps.get(&s.pid), cache, &mut frames));
                         }
                     }
                 },
             );
-            out
+            UnwoundChunk {
+                frames: frames.list,
+                samples,
+            }
         })
         .collect();
 
@@ -123,37 +151,38 @@ pub fn run(
 }
 
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
-/// scheduling). Kernel addresses come with whether they are the leaf (looked up as is).
+/// scheduling), with each chunk's local frame indices mapped to indices into `user`.
+/// Kernel addresses come with whether they are the leaf (looked up as is).
 struct DistinctFrames {
     user: Vec<UserFrame>,
+    /// Per chunk: local frame index → index into `user`.
+    remap: Vec<Vec<u32>>,
     kernel: Vec<(u64, bool)>,
 }
 
-fn distinct_frames(unwound: &[Vec<UnwoundSample>]) -> DistinctFrames {
-    let (user, kernel) = unwound
-        .par_iter()
-        .map(|chunk| {
-            let mut user: FxHashSet<&UserFrame> = FxHashSet::default();
-            let mut kernel: FxHashSet<(u64, bool)> = FxHashSet::default();
-            for s in chunk {
-                user.extend(&s.user);
-                kernel.extend(s.kernel.iter().enumerate().map(|(i, &a)| (a, i == 0)));
-            }
-            (user, kernel)
-        })
-        .reduce(
-            || (FxHashSet::default(), FxHashSet::default()),
-            |mut a, b| {
-                a.0.extend(b.0);
-                a.1.extend(b.1);
-                a
-            },
-        );
-    let mut user: Vec<UserFrame> = user.into_iter().cloned().collect();
-    let mut kernel: Vec<(u64, bool)> = kernel.into_iter().collect();
+fn distinct_frames(unwound: &[UnwoundChunk]) -> DistinctFrames {
+    let mut user: Vec<UserFrame> = unwound.iter().flat_map(|c| c.frames.clone()).collect();
     user.sort_unstable();
+    user.dedup();
+    let remap = unwound
+        .par_iter()
+        .map(|c| {
+            let global = |f: &UserFrame| user.binary_search(f).expect("frame is in the set");
+            c.frames.iter().map(|f| global(f) as u32).collect()
+        })
+        .collect();
+    let mut kernel: Vec<(u64, bool)> = unwound
+        .iter()
+        .flat_map(|c| &c.samples)
+        .flat_map(|s| s.kernel.iter().enumerate().map(|(i, &a)| (a, i == 0)))
+        .collect();
     kernel.sort_unstable();
-    DistinctFrames { user, kernel }
+    kernel.dedup();
+    DistinctFrames {
+        user,
+        remap,
+        kernel,
+    }
 }
 
 /// Images of the capture's binaries, completed from local files where the locator finds
@@ -192,6 +221,7 @@ fn unwind_sample(
     s: &SampleRef,
     maps: Option<&ProcessMaps>,
     cache: &mut UnwindCache,
+    frames: &mut ChunkFrames,
 ) -> UnwoundSample {
     let space = maps.and_then(|m| m.at(s.time_ns));
     let no_regs = s.flags & sample_flags::NO_USER_REGS != 0 || s.regs.ip == 0;
@@ -214,13 +244,17 @@ fn unwind_sample(
             }
         }
         None => {
-            out.user.push(UserFrame::Unmapped);
+            out.user.push(frames.id(UserFrame::Unmapped));
             out.end = StackEnd::Failed;
             out.no_mappings = true;
         }
         Some(space) => {
             let stack = unwind_user(space, &s.regs, s.user_stack, cache);
-            out.user = stack.frames.iter().map(|a| locate(space, a)).collect();
+            out.user = stack
+                .frames
+                .iter()
+                .map(|a| frames.id(locate(space, a)))
+                .collect();
             out.end = stack.end;
             out.without_unwind_info = stack
                 .without_unwind_info
@@ -301,19 +335,18 @@ fn symbolize_images(
 }
 
 #[allow(clippy::too_many_arguments)]
-#[allow(clippy::too_many_arguments)]
 fn assemble(
     meta: &Metadata,
     header: lrec_format::Header,
     images: &[Image],
-    unwound: Vec<Vec<UnwoundSample>>,
+    unwound: Vec<UnwoundChunk>,
     distinct: &DistinctFrames,
     names: &Names,
     kernel: &KernelSymbolizer,
     mut warnings: WarningCounter,
 ) -> Profile {
     let mut thread_samples: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for s in unwound.iter().flatten() {
+    for s in unwound.iter().flat_map(|c| &c.samples) {
         *thread_samples.entry((s.pid, s.tid)).or_default() += 1;
     }
     let thread_index: HashMap<(u32, u32), usize> = thread_samples
@@ -333,13 +366,13 @@ fn assemble(
 
     // Name each distinct address once; samples then only look their frame ids up.
     let mut frames = FrameInterner::default();
-    let user_ids: FxHashMap<&UserFrame, Vec<FrameId>> = distinct
+    let user_ids: Vec<Vec<FrameId>> = distinct
         .user
         .iter()
         .map(|f| {
             let mut ids = Vec::new();
             user_frames(f, images, names, |frame| ids.push(frames.id(frame)));
-            (f, ids)
+            ids
         })
         .collect();
     let kernel_ids: FxHashMap<(u64, bool), FrameId> = distinct
@@ -349,11 +382,12 @@ fn assemble(
         .collect();
     let samples: Vec<ProfileSample> = unwound
         .par_iter()
-        .flat_map_iter(|chunk| chunk.iter())
-        .map(|s| {
+        .zip(distinct.remap.par_iter())
+        .flat_map_iter(|(chunk, remap)| chunk.samples.iter().map(move |s| (s, remap)))
+        .map(|(s, remap)| {
             let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
-            for frame in s.user.iter().rev() {
-                ids.extend_from_slice(&user_ids[frame]);
+            for &local in s.user.iter().rev() {
+                ids.extend_from_slice(&user_ids[remap[local as usize] as usize]);
             }
             for (i, &addr) in s.kernel.iter().enumerate().rev() {
                 ids.push(kernel_ids[&(addr, i == 0)]);
@@ -375,7 +409,7 @@ fn assemble(
     };
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
-    for s in unwound.into_iter().flatten() {
+    for s in unwound.into_iter().flat_map(|c| c.samples) {
         stats.samples += 1;
         stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
         stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
