@@ -47,13 +47,22 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     };
     let file = File::create(output).context("creating the output file")?;
     let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &header)?;
-    let mut sampler = Sampler::attach(&SamplerConfig {
+    let sampler = Sampler::attach(&SamplerConfig {
         pid,
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
         ring_bytes: args.ring_mib << 20,
         loaders: target.loaders(&args.command),
-    })?;
+    });
+    let mut sampler = match sampler {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing was recorded: leave no empty capture behind.
+            drop(writer);
+            let _ = std::fs::remove_file(output);
+            return Err(e.into());
+        }
+    };
     target.start(&args.command)?;
     let debug = match args.debuginfo {
         DebugMode::Auto => DebugInfo::IfSmall(AUTO_DEBUG_LIMIT),

@@ -62,8 +62,19 @@ impl Target {
         {
             return Err(TargetError::NoSuchProcess(pid));
         }
+        // A thread id names its process's thread: record the whole process.
+        let tgid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Tgid:"))?;
+                line[5..].trim().parse::<u32>().ok()
+            })
+            .unwrap_or(pid);
+        if tgid != pid {
+            eprintln!("lrec: {pid} is a thread of process {tgid}: recording all of {tgid}");
+        }
         Ok(Target {
-            pid,
+            pid: tgid,
             gate: None,
             spawned: false,
             exit: None,

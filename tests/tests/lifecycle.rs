@@ -105,3 +105,39 @@ fn short_lived_process_keeps_its_libraries() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Ctrl-C (SIGINT) and SIGTERM end a recording early and leave a complete capture.
+#[test]
+fn signals_finish_the_capture() {
+    let Some(_guard) = bpf_test("signals_finish_the_capture") else {
+        return;
+    };
+    let dir = tempfile_dir("signals");
+    for (name, sig) in [("SIGINT", libc::SIGINT), ("SIGTERM", libc::SIGTERM)] {
+        let cap = dir.join(format!("{name}.lrec"));
+        let mut target = Command::new(fixture("native"))
+            .arg("10")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lrec = Command::new(bin("lrec"))
+            .args(["-F", "199", "-q", "-p", &target.id().to_string(), "-o"])
+            .arg(&cap)
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: signals a child process of this test.
+        unsafe { libc::kill(lrec.id() as i32, sig) };
+        let status = lrec.wait().unwrap();
+        target.kill().unwrap();
+        target.wait().unwrap();
+        assert!(status.success(), "{name}: lrec exited with {status}");
+        let (samples, _, warnings) = capture_totals(&cap);
+        assert!(samples > 100, "{name}: only {samples} samples");
+        assert!(
+            warnings.is_empty(),
+            "{name}: capture not finished: {warnings:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
