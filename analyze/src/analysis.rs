@@ -458,12 +458,6 @@ fn assemble(
                 ));
             }
         }
-        for s in &image.bad_sections {
-            warnings.add(format!(
-                "{}: section {s} is corrupt and was ignored",
-                image.path
-            ));
-        }
     }
     if stats.kernel_samples > 0 && kernel.is_empty() {
         warnings.add("the capture holds no kernel symbols; kernel frames are [unknown]".into());

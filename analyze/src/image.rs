@@ -3,35 +3,8 @@
 
 use lrec_format::{Binary, Mapping, Section, Segment};
 
-/// Section names whose bytes the analysis uses.
-pub const WANTED_SECTIONS: &[&str] = &[
-    ".eh_frame",
-    ".eh_frame_hdr",
-    ".debug_frame",
-    ".symtab",
-    ".strtab",
-    ".dynsym",
-    ".dynstr",
-    ".gnu_debuglink",
-    ".text",
-    ".debug_info",
-    ".debug_abbrev",
-    ".debug_line",
-    ".debug_str",
-    ".debug_ranges",
-    ".debug_rnglists",
-    ".debug_addr",
-    ".debug_str_offsets",
-    ".debug_line_str",
-    ".debug_loclists",
-    ".debug_aranges",
-];
-
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
-const ELF_CHDR_LEN: usize = 24;
-const ELFCOMPRESS_ZLIB: u32 = 1;
-const ELFCOMPRESS_ZSTD: u32 = 2;
 
 /// Sections of an ELF file read from local disk (by the loader).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,8 +27,6 @@ pub struct Image {
     pub dwarf_embedded: bool,
     pub error: Option<String>,
     pub resolved_locally: Vec<String>,
-    /// Sections that looked compressed but did not inflate.
-    pub bad_sections: Vec<String>,
 }
 
 impl Image {
@@ -64,12 +35,10 @@ impl Image {
             path: binary.path.clone(),
             build_id: binary.build_id.clone(),
             segments: binary.segments.clone(),
+            sections: binary.sections.clone(),
             error: binary.error.clone(),
             ..Image::default()
         };
-        for s in &binary.sections {
-            image.add_section(s.clone());
-        }
         image.sections_embedded = image.has_unwind_info() || image.data(".symtab").is_some();
         image.dwarf_embedded = image.has_dwarf();
         image
@@ -90,26 +59,12 @@ impl Image {
             if lacking && (!s.data.is_empty() || s.name == ".text") {
                 used |= !s.data.is_empty();
                 self.sections.retain(|h| h.name != s.name);
-                self.add_section(s);
+                self.sections.push(s);
             }
         }
         if used {
             self.resolved_locally.push(file.path);
         }
-    }
-
-    fn add_section(&mut self, mut s: Section) {
-        if s.name.starts_with(".debug_") {
-            match inflate_if_compressed(&s.data) {
-                Ok(Some(inflated)) => s.data = inflated,
-                Ok(None) => {}
-                Err(()) => {
-                    self.bad_sections.push(s.name.clone());
-                    s.data.clear();
-                }
-            }
-        }
-        self.sections.push(s);
     }
 
     pub fn section(&self, name: &str) -> Option<&Section> {
@@ -175,37 +130,6 @@ pub fn bias_for_mapping(segments: &[Segment], mapping: &Mapping, page_size: u64)
 
 pub fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
-}
-
-/// Inflates an SHF_COMPRESSED section (an `Elf64_Chdr` then zlib or zstd data). Ok(None)
-/// when the bytes do not start with a compression header.
-fn inflate_if_compressed(data: &[u8]) -> Result<Option<Vec<u8>>, ()> {
-    if data.len() < ELF_CHDR_LEN {
-        return Ok(None);
-    }
-    let word = |i: usize| u32::from_le_bytes(data[i..i + 4].try_into().unwrap());
-    let ch_type = word(0);
-    let reserved = word(4);
-    let size = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    let align = u64::from_le_bytes(data[16..24].try_into().unwrap());
-    // A DWARF unit length, string or abbreviation code never looks like this header.
-    let format = match ch_type {
-        ELFCOMPRESS_ZLIB => object::CompressionFormat::Zlib,
-        ELFCOMPRESS_ZSTD => object::CompressionFormat::Zstandard,
-        _ => return Ok(None),
-    };
-    if reserved != 0 || !align.is_power_of_two() || align > 4096 || size > (1 << 32) {
-        return Ok(None);
-    }
-    let compressed = object::CompressedData {
-        format,
-        data: &data[ELF_CHDR_LEN..],
-        uncompressed_size: size,
-    };
-    match compressed.decompress() {
-        Ok(d) if d.len() as u64 == size => Ok(Some(d.into_owned())),
-        _ => Err(()),
-    }
 }
 
 #[cfg(test)]
@@ -301,20 +225,5 @@ mod tests {
         let text = map(0x1000, 0x2000, 0x9000_0000, "r-xp");
         assert_eq!(bias_for_mapping(&pie_segments(), &text, 4096), None);
         assert_eq!(bias_for_mapping(&[], &text, 4096), None);
-    }
-
-    #[test]
-    fn compressed_debug_sections_inflate() {
-        assert_eq!(inflate_if_compressed(b"\x10\0\0\0\x04\0"), Ok(None));
-        // A plain .debug_info unit header (unit_length 0x40) is left alone.
-        let mut plain = vec![0x40, 0, 0, 0, 5, 0];
-        plain.resize(64, 0);
-        assert_eq!(inflate_if_compressed(&plain), Ok(None));
-        // A zlib header claiming data that is garbage fails loudly.
-        let mut chdr = vec![1, 0, 0, 0, 0, 0, 0, 0];
-        chdr.extend_from_slice(&100u64.to_le_bytes());
-        chdr.extend_from_slice(&1u64.to_le_bytes());
-        chdr.extend_from_slice(b"garbage");
-        assert_eq!(inflate_if_compressed(&chdr), Err(()));
     }
 }

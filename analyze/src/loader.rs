@@ -7,10 +7,10 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use lrec_format::{Binary, Section, Segment};
-use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
+use lrec_format::elf::{self, DebugInfo};
+use lrec_format::Binary;
 
-use crate::image::{LocalFile, WANTED_SECTIONS};
+use crate::image::LocalFile;
 use crate::{BinaryLocator, Wanted};
 
 /// Looks for binaries at their recorded paths and debug files under a debug root.
@@ -139,8 +139,8 @@ fn file_crc32(path: &Path) -> Option<u32> {
     Some(crc32fast::hash(&map))
 }
 
-/// Reads the segments and wanted sections of an ELF file; None if it is unreadable or
-/// not ELF.
+/// Reads the segments and the unwind, symbol and debug sections of an ELF file, as lrec
+/// would have embedded them; None if it is unreadable or not an x86_64 ELF file.
 fn read_elf(path: &Path) -> Option<LocalFile> {
     let file = File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
@@ -148,54 +148,16 @@ fn read_elf(path: &Path) -> Option<LocalFile> {
     }
     // SAFETY: read-only map of a regular file; sections are copied out before it is dropped.
     let map = unsafe { memmap2::Mmap::map(&file).ok()? };
-    let obj = object::File::parse(&*map).ok()?;
-    if obj.format() != object::BinaryFormat::Elf {
+    let binary = elf::binary_record(&path.to_string_lossy(), &map, DebugInfo::All);
+    if binary.error.is_some() {
         return None;
     }
-    let elf_type = map.get(16..18).map(|b| u16::from_le_bytes([b[0], b[1]]))?;
-    let segments = obj
-        .segments()
-        .map(|s| {
-            let (offset, filesz) = s.file_range();
-            Segment {
-                vaddr: s.address(),
-                offset,
-                filesz,
-                memsz: s.size(),
-                flags: match s.flags() {
-                    SegmentFlags::Elf { p_flags } => p_flags,
-                    _ => 0,
-                },
-            }
-        })
-        .collect();
-    let sections = obj
-        .sections()
-        .filter_map(|s| {
-            let name = s.name().ok()?;
-            if !WANTED_SECTIONS.contains(&name) {
-                return None;
-            }
-            let data = if name == ".text" {
-                Vec::new()
-            } else {
-                s.uncompressed_data().ok()?.into_owned()
-            };
-            Some(Section {
-                name: name.to_owned(),
-                addr: s.address(),
-                offset: s.file_range().map_or(0, |r| r.0),
-                size: s.size(),
-                data,
-            })
-        })
-        .collect();
     Some(LocalFile {
-        path: path.to_string_lossy().into_owned(),
-        build_id: obj.build_id().ok().flatten().map(<[u8]>::to_vec),
-        elf_type,
-        segments,
-        sections,
+        path: binary.path,
+        build_id: binary.build_id,
+        elf_type: binary.elf_type,
+        segments: binary.segments,
+        sections: binary.sections,
     })
 }
 

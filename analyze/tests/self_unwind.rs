@@ -12,33 +12,12 @@ use std::collections::HashMap;
 
 use lanalyze::render::{folded_stacks, StackOptions};
 use lanalyze::{analyze, Options};
+use lrec_format::elf::{self, DebugInfo};
 use lrec_format::{
-    Binary, Capture, CaptureWriter, End, Header, Mapping, Record, Regs, Sample, Section, Segment,
-    ThreadName,
+    Binary, Capture, CaptureWriter, End, Header, Mapping, Record, Regs, Sample, ThreadName,
 };
-use object::{Object, ObjectSection, ObjectSegment, SegmentFlags};
 
 const STACK_COPY: u64 = 256 * 1024;
-const SECTIONS: &[&str] = &[
-    ".eh_frame",
-    ".eh_frame_hdr",
-    ".debug_frame",
-    ".symtab",
-    ".strtab",
-    ".dynsym",
-    ".dynstr",
-    ".text",
-    ".debug_info",
-    ".debug_abbrev",
-    ".debug_line",
-    ".debug_str",
-    ".debug_ranges",
-    ".debug_rnglists",
-    ".debug_addr",
-    ".debug_str_offsets",
-    ".debug_line_str",
-    ".debug_loclists",
-];
 
 /// Registers and stack bytes at the point of the call, as BPF would copy them.
 #[inline(never)]
@@ -120,46 +99,8 @@ fn maps() -> Vec<Mapping> {
 
 fn binary_of(path: &str) -> Option<Binary> {
     let data = std::fs::read(path).ok()?;
-    let obj = object::File::parse(&*data).ok()?;
-    let segments = obj
-        .segments()
-        .map(|s| Segment {
-            vaddr: s.address(),
-            offset: s.file_range().0,
-            filesz: s.file_range().1,
-            memsz: s.size(),
-            flags: match s.flags() {
-                SegmentFlags::Elf { p_flags } => p_flags,
-                _ => 0,
-            },
-        })
-        .collect();
-    let sections = obj
-        .sections()
-        .filter(|s| SECTIONS.contains(&s.name().unwrap_or("")))
-        .map(|s| Section {
-            name: s.name().unwrap().into(),
-            addr: s.address(),
-            offset: s.file_range().map_or(0, |r| r.0),
-            size: s.size(),
-            data: if s.name() == Ok(".text") {
-                Vec::new()
-            } else {
-                s.uncompressed_data()
-                    .map(|d| d.into_owned())
-                    .unwrap_or_default()
-            },
-        })
-        .collect();
-    Some(Binary {
-        build_id: obj.build_id().ok().flatten().map(<[u8]>::to_vec),
-        path: path.into(),
-        file_size: data.len() as u64,
-        elf_type: u16::from_le_bytes([data[16], data[17]]),
-        segments,
-        sections,
-        error: None,
-    })
+    let binary = elf::binary_record(path, &data, DebugInfo::All);
+    binary.error.is_none().then_some(binary)
 }
 
 fn record_self(regs: Regs, stack: Vec<u8>) -> Vec<u8> {

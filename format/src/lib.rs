@@ -18,6 +18,8 @@
 //! resynchronises on the next chunk magic). Unknown record kinds are skipped, not fatal.
 //! This crate performs no I/O beyond reading and writing the streams it is handed.
 
+#[cfg(feature = "elf")]
+pub mod elf;
 mod reader;
 pub mod v1;
 mod writer;

@@ -101,7 +101,9 @@ pub struct Segment {
     pub flags: u32,
 }
 
-/// One ELF section. `data` is empty when the section was not embedded.
+/// One ELF section. `data` is empty when the section was not embedded, and is always
+/// stored uncompressed (an SHF_COMPRESSED section is inflated; `size` is then its
+/// uncompressed size).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Section {
     pub name: String,
@@ -138,7 +140,10 @@ impl Binary {
     }
 }
 
-/// x86_64 user registers at the sample, as in `struct pt_regs`.
+/// x86_64 user registers at the sample. `#[repr(C)]` with the layout of `struct lrec_regs`
+/// in ebpf/sample.h, so lrec copies it out of BPF records as is (asserted in
+/// record/src/raw.rs).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Regs {
     pub ip: u64,

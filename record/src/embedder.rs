@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 
 use lrec_format::Binary;
 
-use crate::elf::{self, DebugInfo};
 use crate::procfs::{self, MapsEntry};
+use lrec_format::elf::{self, DebugInfo};
 
 /// A binary to embed: the mapping it was seen in, and for the vDSO its bytes.
 pub struct Job {

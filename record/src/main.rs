@@ -1,7 +1,7 @@
 //! lrec: records a process with eBPF into a self-contained capture for lanalyze.
 
-mod elf;
 mod embedder;
+mod kallsyms;
 mod procfs;
 mod raw;
 mod recorder;

@@ -5,30 +5,6 @@ use lrec_format::{sample_flags, Regs, Sample};
 pub const MAX_STACK: u32 = 64 * 1024;
 pub const MAX_KSTACK: usize = 127;
 
-/// `struct lrec_regs`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RawRegs {
-    pub ip: u64,
-    pub sp: u64,
-    pub bp: u64,
-    pub ax: u64,
-    pub bx: u64,
-    pub cx: u64,
-    pub dx: u64,
-    pub si: u64,
-    pub di: u64,
-    pub r8: u64,
-    pub r9: u64,
-    pub r10: u64,
-    pub r11: u64,
-    pub r12: u64,
-    pub r13: u64,
-    pub r14: u64,
-    pub r15: u64,
-    pub flags: u64,
-}
-
 /// `struct lrec_sample`; `stack_len` bytes of user stack follow it in the ring record.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +16,8 @@ pub struct RawSample {
     pub flags: u32,
     pub stack_len: u32,
     pub kstack_len: u32,
-    pub regs: RawRegs,
+    /// `struct lrec_regs`.
+    pub regs: Regs,
     pub kstack: [u64; MAX_KSTACK],
 }
 
@@ -75,33 +52,13 @@ impl RawSample {
             .get(hdr..hdr + raw.stack_len as usize)
             .ok_or_else(|| err("stack_len runs past the record"))?;
         let k = (raw.kstack_len as usize).min(MAX_KSTACK);
-        let r = raw.regs;
         Ok(Sample {
             time_ns: raw.time_ns,
             pid: raw.pid,
             tid: raw.tid,
             cpu: raw.cpu,
             flags: raw.flags,
-            regs: Regs {
-                ip: r.ip,
-                sp: r.sp,
-                bp: r.bp,
-                ax: r.ax,
-                bx: r.bx,
-                cx: r.cx,
-                dx: r.dx,
-                si: r.si,
-                di: r.di,
-                r8: r.r8,
-                r9: r.r9,
-                r10: r.r10,
-                r11: r.r11,
-                r12: r.r12,
-                r13: r.r13,
-                r14: r.r14,
-                r15: r.r15,
-                flags: r.flags,
-            },
+            regs: raw.regs,
             user_stack: stack.to_vec(),
             kernel_stack: raw.kstack[..k].to_vec(),
         })
@@ -116,7 +73,13 @@ mod tests {
     /// Offsets as laid out by clang for ebpf/sample.h.
     #[test]
     fn layout_matches_sample_h() {
-        assert_eq!(size_of::<RawRegs>(), 18 * 8);
+        assert_eq!(size_of::<Regs>(), 18 * 8);
+        assert_eq!(offset_of!(Regs, ip), 0);
+        assert_eq!(offset_of!(Regs, sp), 8);
+        assert_eq!(offset_of!(Regs, bp), 16);
+        assert_eq!(offset_of!(Regs, dx), 6 * 8);
+        assert_eq!(offset_of!(Regs, r14), 15 * 8);
+        assert_eq!(offset_of!(Regs, flags), 17 * 8);
         assert_eq!(offset_of!(RawSample, time_ns), 0);
         assert_eq!(offset_of!(RawSample, pid), 8);
         assert_eq!(offset_of!(RawSample, tid), 12);

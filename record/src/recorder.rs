@@ -10,13 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
 
-use crate::elf::{self, DebugInfo};
 use crate::embedder::{Embedder, Job};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
 use crate::sampler::{Sampler, SamplerConfig};
 use crate::target::{Exit, Target, STOP, STOP_SIGNAL};
 use crate::{Args, DebugMode};
+use lrec_format::elf::{self, DebugInfo};
 
 /// How often buffered samples are written out as a chunk: at most this much is lost if
 /// lrec is killed.
@@ -388,7 +388,7 @@ impl Recording {
             }
         }
         if !self.kernel_addrs.is_empty() {
-            match procfs::KallsymsTable::load() {
+            match crate::kallsyms::KallsymsTable::load() {
                 Ok(table) => {
                     let syms = table.covering(self.kernel_addrs.iter().copied());
                     self.writer.push(&Record::KernelSymbols(syms))?;

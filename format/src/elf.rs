@@ -2,7 +2,7 @@
 //! and the sections needed to unwind and symbolize without the file (see
 //! [`lrec_format::Binary`]).
 
-use lrec_format::{Binary, Section, Segment};
+use crate::v1::{Binary, Section, Segment};
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, NoteIterator, ProgramHeader, SectionHeader};
 use object::{Endianness, FileKind, LittleEndian, Object, ObjectSection};
