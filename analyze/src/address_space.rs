@@ -8,6 +8,7 @@ use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
 use lrec_format::Mapping;
 
+use crate::cfi::CfiIndex;
 use crate::image::{basename, Image};
 
 /// Section bytes shared by every module made from one image.
@@ -39,6 +40,19 @@ pub struct MappedRegion {
     pub bias: Option<u64>,
     /// The unwinder has a module with unwind info for this region.
     pub has_unwind_info: bool,
+    /// The addresses of the image its CFI covers (shared by the image's regions).
+    pub cfi: Option<Arc<CfiIndex>>,
+}
+
+impl MappedRegion {
+    /// Whether the image's CFI covers `avma`: only then does framehop unwind it by its
+    /// unwind info rather than by frame-pointer guesswork.
+    pub fn cfi_covers(&self, avma: u64) -> bool {
+        match (&self.cfi, self.bias) {
+            (Some(cfi), Some(bias)) => self.has_unwind_info && cfi.covers(avma.wrapping_sub(bias)),
+            _ => false,
+        }
+    }
 }
 
 impl MappedRegion {
@@ -62,7 +76,7 @@ impl AddressSpace {
     /// Index of the region holding `avma`, for [`AddressSpace::region_at`].
     pub fn region_index(&self, avma: u64) -> Option<usize> {
         let i = self.regions.partition_point(|r| r.start <= avma);
-        (i > 0 && avma < self.regions[i - 1].end).then_some(i - 1)
+        (i > 0 && avma < self.regions[i - 1].end).then(|| i - 1)
     }
 
     pub fn region_at(&self, index: usize) -> &MappedRegion {
@@ -113,6 +127,7 @@ pub fn build_process_maps(
                 image,
                 bias: image.and_then(|x| images[x].bias(m, page_size)),
                 has_unwind_info: false,
+                cfi: None,
             };
             (m.time_ns, region)
         })
@@ -145,6 +160,7 @@ pub fn build_process_maps(
     }
     let mut modules: HashMap<(u64, u64, usize, u64), Module<SharedBytes>> = HashMap::new();
     let mut section_cache: HashMap<usize, Option<UnwindSections>> = HashMap::new();
+    let mut cfi_cache: HashMap<usize, Arc<CfiIndex>> = HashMap::new();
     let states = snapshots
         .into_iter()
         .map(|(time, mut regions)| {
@@ -162,6 +178,10 @@ pub fn build_process_maps(
                     .or_insert_with(|| sections.module(&r.name, r.start..r.end, bias));
                 unwinder.add_module(module.clone());
                 r.has_unwind_info = true;
+                let cfi = cfi_cache
+                    .entry(image)
+                    .or_insert_with(|| Arc::new(CfiIndex::of(&images[image])));
+                r.cfi = Some(cfi.clone());
             }
             let space = AddressSpace { regions, unwinder };
             (time, space)

@@ -442,10 +442,13 @@ fn assemble(
                 binaries[i].samples_without_unwind_info = n;
                 images[i].path.clone()
             }
+            WithoutUnwindInfo::Region(name) if name.is_empty() => {
+                "anonymous memory (JIT code?)".into()
+            }
             WithoutUnwindInfo::Region(name) => name.to_string(),
         };
         warnings.add_n(
-            format!("{name}: no unwind info; unwinding through it fell back to frame pointers"),
+            format!("{name}: no unwind info; stacks through it end there, marked [truncated]"),
             n,
         );
     }

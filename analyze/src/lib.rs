@@ -9,6 +9,7 @@
 
 mod address_space;
 mod analysis;
+mod cfi;
 mod image;
 pub mod loader;
 mod metadata;

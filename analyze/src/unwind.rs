@@ -74,10 +74,11 @@ pub struct UserStack<'a> {
 
 /// Unwinds from `regs` over `stack` (the bytes at `regs.sp` upward).
 ///
-/// Every return address must lie in an executable mapping, else unwinding stops there
-/// and the stack is truncated: frame-pointer fallback over code without frame pointers
-/// produces garbage, and a profiler must not show it. A stack only counts as complete
-/// when the last frame's own unwind info ended it.
+/// Every frame is unwound by its CFI or not at all: a return address outside executable
+/// memory, or a frame whose address no FDE covers, ends the stack there as truncated.
+/// framehop would otherwise fall back to frame pointers, which over code built without
+/// them skips callers silently, and a profiler must not show that. A stack is complete
+/// only when the last frame's own CFI says it has no caller.
 pub fn unwind_user<'c>(
     space: &AddressSpace,
     regs: &Regs,
@@ -105,7 +106,9 @@ pub fn unwind_user<'c>(
         }
         let frame = match iter.next() {
             Ok(Some(f)) => f,
-            Ok(None) => break end_of(space, frames.last()),
+            // Only reached from a frame with CFI: its unwind info said there is no caller
+            // (`_start`, `clone3`).
+            Ok(None) => break StackEnd::Complete,
             Err(_) => break StackEnd::Truncated,
         };
         let (avma, is_return) = match frame {
@@ -118,16 +121,22 @@ pub fn unwind_user<'c>(
         if is_return && executable.is_none() {
             break StackEnd::Truncated;
         }
-        if let Some(r) = executable.map(|i| space.region_at(i)) {
-            if !r.has_unwind_info && !without_unwind_info.contains(&r.start) {
-                without_unwind_info.push(r.start);
-            }
-        }
         frames.push(CodeAddress {
             avma,
             is_return,
-            region,
+            region: executable,
         });
+        // The next frame would be unwound by this one's rule. Without CFI here framehop
+        // would guess with frame pointers and could skip callers: stop instead.
+        let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
+        if !covered {
+            if let Some(r) = executable.map(|i| space.region_at(i)) {
+                if !r.has_unwind_info && !without_unwind_info.contains(&r.start) {
+                    without_unwind_info.push(r.start);
+                }
+            }
+            break StackEnd::Truncated;
+        }
     };
     let end = match end {
         StackEnd::Truncated if frames.len() <= 1 => StackEnd::Failed,
@@ -137,19 +146,5 @@ pub fn unwind_user<'c>(
         frames,
         end,
         without_unwind_info,
-    }
-}
-
-/// Ok(None) from framehop: trusted only if the last frame has unwind info (then its CFI
-/// said "no caller", as in `_start` or `clone`). Otherwise it came from frame-pointer
-/// fallback meeting `rbp == 0`, which proves nothing.
-fn end_of(space: &AddressSpace, last: Option<&CodeAddress>) -> StackEnd {
-    let covered = last
-        .and_then(|a| a.region)
-        .is_some_and(|i| space.region_at(i).executable && space.region_at(i).has_unwind_info);
-    if covered {
-        StackEnd::Complete
-    } else {
-        StackEnd::Truncated
     }
 }

@@ -159,6 +159,7 @@ struct MappingKey {
     end: u64,
     offset: u64,
     inode: u64,
+    perms: String,
     path: String,
 }
 
@@ -166,8 +167,10 @@ struct Recording {
     pid: u32,
     debug: DebugInfo,
     writer: CaptureWriter<BufWriter<File>>,
-    /// Written mappings, sorted by start, for the "sample outside known mappings" check.
+    /// Executable mappings of the last maps read, sorted, for the "sample outside known
+    /// code" check.
     known: Vec<(u64, u64)>,
+    /// The mappings of the last maps read (all written to the capture).
     written: HashSet<MappingKey>,
     /// Build-id per mapped file, keyed by (dev, inode, path).
     build_ids: HashMap<(u32, u32, u64, String), Option<Vec<u8>>>,
@@ -263,37 +266,48 @@ impl Recording {
         Ok(())
     }
 
-    /// Writes mappings not written yet, and the sections of binaries not embedded yet.
+    /// Writes the mappings that are new since the last read (also ones that came back
+    /// after an unmap, e.g. a library dlopen'ed again at the same address), and queues the
+    /// sections of binaries not embedded yet.
     fn refresh_maps(&mut self) -> Result<()> {
         self.last_maps_read = Instant::now();
         let entries = match procfs::read_maps(self.pid) {
+            // An exited process has an empty map: keep what was known.
+            Ok(e) if e.is_empty() => return Ok(()),
             Ok(e) => e,
             // The target may be exiting; samples already taken keep earlier mappings.
             Err(_) if !self.written.is_empty() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
         let now = procfs::monotonic_ns();
+        let mut current = HashSet::with_capacity(entries.len());
+        let mut executable = Vec::new();
         for entry in entries {
             let key = MappingKey {
                 start: entry.start,
                 end: entry.end,
                 offset: entry.offset,
                 inode: entry.inode,
+                perms: entry.perms.clone(),
                 path: entry.path.clone(),
             };
-            if self.written.contains(&key) {
-                continue;
-            }
-            let build_id = self.build_id_of(&entry);
             if entry.perms.contains('x') {
-                self.queue_embed(&entry, &build_id);
+                executable.push((entry.start, entry.end));
             }
-            self.writer
-                .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
-            self.written.insert(key);
-            let i = self.known.partition_point(|&(s, _)| s < entry.start);
-            self.known.insert(i, (entry.start, entry.end));
+            if !self.written.contains(&key) {
+                let build_id = self.build_id_of(&entry);
+                if entry.perms.contains('x') {
+                    self.queue_embed(&entry, &build_id);
+                }
+                self.writer
+                    .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
+            }
+            current.insert(key);
         }
+        // Forget what is gone, so that it is written again if it comes back.
+        self.written = current;
+        executable.sort_unstable();
+        self.known = executable;
         Ok(())
     }
 

@@ -141,3 +141,73 @@ fn signals_finish_the_capture() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// dlclose then dlopen of another library at the same address: lrec must record the
+/// second library's mapping, and lanalyze must name each phase after its own library.
+#[test]
+fn a_library_loaded_where_another_was_is_told_apart() {
+    let Some(_guard) = bpf_test("a_library_loaded_where_another_was_is_told_apart") else {
+        return;
+    };
+    let dir = tempfile_dir("reload");
+    let cap = dir.join("reload.lrec");
+    let libs = fixture("libswap_a.so").parent().unwrap().to_path_buf();
+    run(Command::new(bin("lrec"))
+        .args(["-F", "499", "-q", "-o"])
+        .arg(&cap)
+        .arg("--")
+        .arg(fixture("reload"))
+        .arg(&libs));
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let truth = Truth::new(
+        &["main"],
+        &[
+            ("swap_leaf_a", "main;phase;swap_work_a;swap_leaf_a"),
+            ("swap_leaf_b", "main;phase;swap_work_b;swap_leaf_b"),
+        ],
+    );
+    let s = score(&stacks, &truth);
+    eprintln!("reload: {}/{} exact, {:?}", s.exact, s.judged, s.per_leaf);
+    assert!(s.fraction() >= 0.99, "wrong stacks: {:#?}", s.wrong);
+    // Both run equally long: mislabelling shows as a lopsided split.
+    let a = s.per_leaf.get("swap_leaf_a").copied().unwrap_or(0) as f64;
+    let b = s.per_leaf.get("swap_leaf_b").copied().unwrap_or(0) as f64;
+    assert!(a > 100.0 && b > 100.0, "a {a}, b {b}");
+    assert!(
+        (0.7..1.43).contains(&(a / b)),
+        "a {a} vs b {b}: phases mislabelled"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Code without unwind info (a JIT's): stacks through it end there as [truncated]; none
+/// may skip its caller (main;mid;<jit code> without jit_caller).
+#[test]
+fn code_without_unwind_info_ends_the_stack_truthfully() {
+    let Some(_guard) = bpf_test("code_without_unwind_info_ends_the_stack_truthfully") else {
+        return;
+    };
+    let dir = tempfile_dir("jit");
+    let cap = dir.join("jit.lrec");
+    run(Command::new(bin("lrec"))
+        .args(["-F", "499", "-q", "-o"])
+        .arg(&cap)
+        .arg("--")
+        .arg(fixture("jit"))
+        .arg("2"));
+    let (stacks, _) = folded(&cap, &["--offline", "--no-thread-names"]);
+    let mut in_jit = 0;
+    for (frames, n) in &stacks {
+        let line = frames.join(";");
+        assert!(
+            !line.contains("main;mid;[unknown]"),
+            "a caller was skipped: {line} {n}"
+        );
+        if frames.contains(&"[unknown]".to_string()) {
+            assert_eq!(frames[0], "[truncated]", "not marked truncated: {line}");
+            in_jit += n;
+        }
+    }
+    assert!(in_jit > 500, "only {in_jit} samples in the JIT code");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
