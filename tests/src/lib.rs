@@ -64,6 +64,15 @@ pub fn run(cmd: &mut Command) -> Output {
     out
 }
 
+/// `lrec -F HZ -q -o CAPTURE -- COMMAND…`: records a command until it exits.
+pub fn record_command(capture: &Path, hz: u32, command: &[&std::ffi::OsStr]) -> Output {
+    run(Command::new(bin("lrec"))
+        .args(["-F", &hz.to_string(), "-q", "-o"])
+        .arg(capture)
+        .arg("--")
+        .args(command))
+}
+
 /// `lanalyze CAPTURE --folded ARGS…` as (frames root→leaf, count), thread name first.
 pub fn folded(capture: &Path, args: &[&str]) -> (Vec<(Vec<String>, u64)>, String) {
     let out = run(Command::new(bin("lanalyze"))

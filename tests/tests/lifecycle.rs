@@ -77,12 +77,7 @@ fn short_lived_process_keeps_its_libraries() {
     let dir = tempfile_dir("short");
     for round in 0..3 {
         let cap = dir.join(format!("short-{round}.lrec"));
-        run(Command::new(bin("lrec"))
-            .args(["-F", "999", "-q", "-o"])
-            .arg(&cap)
-            .arg("--")
-            .arg(fixture("native"))
-            .arg("0.15"));
+        record_command(&cap, 999, &[fixture("native").as_ref(), "0.15".as_ref()]);
         let info = run(Command::new(bin("lanalyze"))
             .arg(&cap)
             .args(["--info", "--offline"]))
@@ -152,12 +147,7 @@ fn a_library_loaded_where_another_was_is_told_apart() {
     let dir = tempfile_dir("reload");
     let cap = dir.join("reload.lrec");
     let libs = fixture("libswap_a.so").parent().unwrap().to_path_buf();
-    run(Command::new(bin("lrec"))
-        .args(["-F", "499", "-q", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(fixture("reload"))
-        .arg(&libs));
+    record_command(&cap, 499, &[fixture("reload").as_ref(), libs.as_ref()]);
     let (stacks, _) = folded(&cap, &["--offline"]);
     let truth = Truth::new(
         &["main"],
@@ -189,12 +179,7 @@ fn code_without_unwind_info_ends_the_stack_truthfully() {
     };
     let dir = tempfile_dir("jit");
     let cap = dir.join("jit.lrec");
-    run(Command::new(bin("lrec"))
-        .args(["-F", "499", "-q", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(fixture("jit"))
-        .arg("2"));
+    record_command(&cap, 499, &[fixture("jit").as_ref(), "2".as_ref()]);
     let (stacks, _) = folded(&cap, &["--offline", "--no-thread-names"]);
     let mut in_jit = 0;
     for (frames, n) in &stacks {

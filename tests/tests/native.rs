@@ -34,12 +34,7 @@ fn native_stacks_are_exact_and_survive_deleting_the_binary() {
     let exe = dir.join("native");
     std::fs::copy(fixture("native"), &exe).unwrap();
     let cap = dir.join("native.lrec");
-    run(Command::new(bin("lrec"))
-        .args(["-F", "499", "-q", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(&exe)
-        .arg("5"));
+    record_command(&cap, 499, &[exe.as_ref(), "5".as_ref()]);
 
     let (stacks, _) = folded(&cap, &["--offline"]);
     let exact = score(&stacks, &native_truth());
@@ -135,12 +130,7 @@ fn no_samples_lost_at_999_hz() {
     };
     let dir = tempfile_dir("lost");
     let cap = dir.join("lost.lrec");
-    run(Command::new(bin("lrec"))
-        .args(["-F", "999", "-q", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(fixture("native"))
-        .arg("3"));
+    record_command(&cap, 999, &[fixture("native").as_ref(), "3".as_ref()]);
     let (samples, lost, _) = capture_totals(&cap);
     eprintln!("999 Hz: {samples} samples, {lost} lost");
     assert_eq!(lost, 0);
