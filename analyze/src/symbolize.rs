@@ -85,8 +85,13 @@ impl<'a> ImageSymbolizer<'a> {
             }),
             _ => {}
         }
-        // Inlined frames without a name are dropped rather than guessed.
-        from_dwarf.retain(|f| !f.name.is_empty());
+        // A frame DWARF knows but cannot name stays, as [unknown]: dropping it would
+        // shorten the chain without a sign.
+        for f in &mut from_dwarf {
+            if f.name.is_empty() {
+                f.name = "[unknown]".into();
+            }
+        }
         from_dwarf
     }
 

@@ -1,7 +1,8 @@
 //! The functions that took the most samples, by self time.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::{FrameId, Profile};
 
@@ -17,26 +18,31 @@ pub struct FunctionCounts {
 
 /// Every function, by self samples, then total samples, then name.
 pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
-    let mut by_name: HashMap<String, (u64, u64)> = HashMap::new();
     let names: Vec<String> = profile.frames.iter().map(|f| f.display_name()).collect();
-    let mut seen: Vec<&str> = Vec::new();
+    // Distinct stacks first: far fewer than samples.
+    let mut stacks: FxHashMap<&[FrameId], u64> = FxHashMap::default();
     for sample in &profile.samples {
+        *stacks.entry(&sample.frames).or_default() += 1;
+    }
+    let mut by_name: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
+    let mut seen: FxHashSet<&str> = FxHashSet::default();
+    for (frames, n) in stacks {
         seen.clear();
-        for &id in &sample.frames {
+        for &id in frames {
             let name = names[id as usize].as_str();
-            if !seen.contains(&name) {
-                seen.push(name);
-                by_name.entry(name.to_owned()).or_default().1 += 1;
+            // A recursive function counts once per sample in its total.
+            if seen.insert(name) {
+                by_name.entry(name).or_default().1 += n;
             }
         }
-        if let Some(&leaf) = sample.frames.last() {
-            by_name.entry(name_of(&names, leaf)).or_default().0 += 1;
+        if let Some(&leaf) = frames.last() {
+            by_name.entry(names[leaf as usize].as_str()).or_default().0 += n;
         }
     }
     let mut out: Vec<FunctionCounts> = by_name
         .into_iter()
         .map(|(name, (self_samples, total_samples))| FunctionCounts {
-            name,
+            name: name.to_owned(),
             self_samples,
             total_samples,
         })
@@ -45,10 +51,6 @@ pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
         (b.self_samples, b.total_samples, &a.name).cmp(&(a.self_samples, a.total_samples, &b.name))
     });
     out
-}
-
-fn name_of(names: &[String], id: FrameId) -> String {
-    names[id as usize].clone()
 }
 
 /// Writes a table of the `n` functions with the most self samples.
