@@ -96,10 +96,10 @@ fn embed(job: Job) -> Binary {
 /// A mapped file's bytes: through /proc while the process lives, else from its path
 /// (the caller checks the build-id).
 fn read_mapped_file(pid: u32, entry: &MapsEntry) -> std::io::Result<Vec<u8>> {
-    let mut f = match procfs::open_mapped_file(pid, entry) {
-        Ok(f) => f,
-        Err(_) if !entry.is_deleted() => File::open(&entry.path)?,
-        Err(e) => return Err(e),
+    let mut f = match (procfs::open_mapped_file(pid, entry), entry.file_path()) {
+        (Ok(f), _) => f,
+        (Err(_), Some(path)) if !entry.is_deleted() => File::open(path)?,
+        (Err(e), _) => return Err(e),
     };
     let mut v = Vec::new();
     f.read_to_end(&mut v)?;

@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -82,15 +83,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         if sampler.mappings_changed() {
             rec.refresh_maps()?;
         }
-        let mut failure = None;
-        sampler.drain(|bytes| {
-            if failure.is_none() {
-                failure = rec.on_sample(bytes).err();
-            }
-        });
-        if let Some(e) = failure {
-            return Err(e);
-        }
+        drain(&mut sampler, &mut rec)?;
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.write_embedded(false)?;
@@ -102,18 +95,14 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
             rec.print_status(started.elapsed());
             last_status = Instant::now();
         }
-        if STOP.load(std::sync::atomic::Ordering::Relaxed) {
-            let sig = STOP_SIGNAL.load(std::sync::atomic::Ordering::Relaxed);
+        if STOP.load(Ordering::Relaxed) {
+            let sig = STOP_SIGNAL.load(Ordering::Relaxed);
             break format!("signal {sig}");
         }
         if deadline.is_some_and(|d| started.elapsed() >= d) {
             break "duration".to_string();
         }
         if let Some(exit) = target.exited() {
-            // Drain what the last moments left in the ring buffer.
-            sampler.drain(|bytes| {
-                let _ = rec.on_sample(bytes);
-            });
             break match exit {
                 Exit::Code(c) => format!("target exited with status {c}"),
                 Exit::Signal(s) => format!("target killed by signal {s}"),
@@ -124,6 +113,8 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     if status {
         eprint!("\r\x1b[K");
     }
+    // What the last moments left in the ring buffer, whatever ended the recording.
+    drain(&mut sampler, &mut rec)?;
     rec.note_lost(sampler.lost())?;
     drop(sampler);
     let summary = rec.finish(&reason)?;
@@ -143,6 +134,17 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Writes every sample waiting in the ring buffer; stops at the first that fails.
+fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
+    let mut failure = None;
+    sampler.drain(|bytes| {
+        if failure.is_none() {
+            failure = rec.on_sample(bytes).err();
+        }
+    });
+    failure.map_or(Ok(()), Err)
 }
 
 pub struct Summary {
@@ -295,9 +297,9 @@ impl Recording {
                 executable.push((entry.start, entry.end));
             }
             if !self.written.contains(&key) {
-                let build_id = self.build_id_of(&entry);
+                let (build_id, memory) = self.identify(&entry);
                 if entry.perms.contains('x') {
-                    self.queue_embed(&entry, &build_id);
+                    self.queue_embed(&entry, &build_id, memory);
                 }
                 self.writer
                     .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
@@ -311,10 +313,16 @@ impl Recording {
         Ok(())
     }
 
-    fn build_id_of(&mut self, entry: &MapsEntry) -> Option<Vec<u8>> {
-        let vdso = entry.path == "[vdso]";
-        if !is_file(entry) && !vdso {
-            return None;
+    /// The build-id of what a mapping maps. The vDSO has no file, so its bytes are copied
+    /// now, while the process exists, and returned for embedding.
+    fn identify(&mut self, entry: &MapsEntry) -> (Option<Vec<u8>>, Option<io::Result<Vec<u8>>>) {
+        if entry.path == "[vdso]" {
+            let memory = read_memory(self.pid, entry.start, entry.end - entry.start);
+            let id = memory.as_ref().ok().and_then(|m| elf::build_id(m));
+            return (id, Some(memory));
+        }
+        if entry.file_path().is_none() {
+            return (None, None);
         }
         let key = (
             entry.dev_major,
@@ -322,32 +330,31 @@ impl Recording {
             entry.inode,
             entry.path.clone(),
         );
-        if let Some(b) = self.build_ids.get(&key) {
-            return b.clone();
-        }
-        let head = if vdso {
-            read_memory(self.pid, entry.start, entry.end - entry.start).ok()
-        } else {
-            read_head(self.pid, entry)
-        };
-        let id = head.and_then(|d| elf::build_id(&d));
-        self.build_ids.insert(key, id.clone());
-        id
+        let pid = self.pid;
+        let id = self
+            .build_ids
+            .entry(key)
+            .or_insert_with(|| read_head(pid, entry).and_then(|d| elf::build_id(&d)));
+        (id.clone(), None)
     }
 
     /// Hands the binary behind an executable mapping to the embedding thread, once per
-    /// build-id (or path).
-    fn queue_embed(&mut self, entry: &MapsEntry, build_id: &Option<Vec<u8>>) {
+    /// build-id (or path). `memory` holds the bytes of a mapping without a file.
+    fn queue_embed(
+        &mut self,
+        entry: &MapsEntry,
+        build_id: &Option<Vec<u8>>,
+        memory: Option<io::Result<Vec<u8>>>,
+    ) {
+        if memory.is_none() && entry.file_path().is_none() {
+            return;
+        }
         let key = build_id
             .clone()
             .unwrap_or_else(|| entry.path.as_bytes().to_vec());
-        let vdso = entry.path == "[vdso]";
-        if self.embedded.contains(&key) || !(is_file(entry) || vdso) {
+        if !self.embedded.insert(key) {
             return;
         }
-        self.embedded.insert(key);
-        // The vDSO has no file: copy it now, while the process exists.
-        let memory = vdso.then(|| read_memory(self.pid, entry.start, entry.end - entry.start));
         self.embedder.submit(Job {
             pid: self.pid,
             entry: entry.clone(),
@@ -429,10 +436,6 @@ impl Recording {
     }
 }
 
-fn is_file(entry: &MapsEntry) -> bool {
-    entry.inode != 0 && entry.path.starts_with('/')
-}
-
 /// The first 64 KiB of a mapped file: enough for the ELF headers and build-id note.
 fn read_head(pid: u32, entry: &MapsEntry) -> Option<Vec<u8>> {
     let mut f = procfs::open_mapped_file(pid, entry).ok()?;
@@ -445,7 +448,7 @@ fn read_head(pid: u32, entry: &MapsEntry) -> Option<Vec<u8>> {
 }
 
 /// Reads the target's memory (the vDSO, which has no file).
-fn read_memory(pid: u32, addr: u64, len: u64) -> std::io::Result<Vec<u8>> {
+fn read_memory(pid: u32, addr: u64, len: u64) -> io::Result<Vec<u8>> {
     let mut f = File::open(format!("/proc/{pid}/mem"))?;
     f.seek(SeekFrom::Start(addr))?;
     let mut v = vec![0; len as usize];

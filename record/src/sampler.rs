@@ -179,14 +179,11 @@ impl Sampler {
         changed
     }
 
-    /// Hands every pending sample record to `f`; returns how many there were.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> usize {
-        let mut n = 0;
+    /// Hands every pending sample record to `f`.
+    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) {
         while let Some(item) = self.ring.next() {
             f(&item);
-            n += 1;
         }
-        n
     }
 
     /// Samples dropped by BPF so far because the ring buffer was full.
