@@ -2,6 +2,7 @@
 //! per-image symbolization, and assembly of the [`Profile`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
 use std::sync::Arc;
 
 use lrec_format::{kind, kind_bit, sample_flags, Capture, Mapping, RecordRef, SampleRef};
@@ -10,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::{basename, Image};
-use crate::metadata::{read_metadata, Metadata};
+use crate::metadata::{read_metadata, BinaryKey, Metadata};
 use crate::profile::{
     BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
 };
@@ -56,25 +57,36 @@ struct UnwoundSample {
     without_unwind_info: Vec<WithoutUnwindInfo>,
 }
 
-/// The distinct user frames of one chunk: samples hold 4-byte indices into it, so each
-/// frame is hashed once and stored once per chunk.
-#[derive(Default)]
-struct ChunkFrames {
-    ids: FxHashMap<UserFrame, u32>,
-    list: Vec<UserFrame>,
+/// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
+/// indices, so each frame is hashed once and stored once.
+struct Interner<T> {
+    ids: FxHashMap<T, u32>,
+    list: Vec<T>,
 }
 
-impl ChunkFrames {
-    fn id(&mut self, frame: UserFrame) -> u32 {
-        if let Some(&id) = self.ids.get(&frame) {
+impl<T> Default for Interner<T> {
+    fn default() -> Self {
+        Interner {
+            ids: FxHashMap::default(),
+            list: Vec::new(),
+        }
+    }
+}
+
+impl<T: Hash + Eq + Clone> Interner<T> {
+    fn id(&mut self, value: T) -> u32 {
+        if let Some(&id) = self.ids.get(&value) {
             return id;
         }
         let id = self.list.len() as u32;
-        self.list.push(frame.clone());
-        self.ids.insert(frame, id);
+        self.list.push(value.clone());
+        self.ids.insert(value, id);
         id
     }
 }
+
+/// The distinct user frames of one chunk.
+type ChunkFrames = Interner<UserFrame>;
 
 /// The unwound samples of one chunk.
 struct UnwoundChunk {
@@ -87,7 +99,8 @@ pub fn run(
     opts: &Options,
     locator: &dyn BinaryLocator,
 ) -> Result<Profile, AnalyzeError> {
-    let meta = read_metadata(capture);
+    let mut meta = read_metadata(capture);
+    let kernel = KernelSymbolizer::new(std::mem::take(&mut meta.kernel_symbols));
     let header = meta.header.clone().unwrap_or_default();
     if !header.arch.is_empty() && header.arch != "x86_64" {
         return Err(AnalyzeError::UnsupportedArch { arch: header.arch });
@@ -129,7 +142,8 @@ pub fn run(
                         if opts.pid.is_none_or(|p| p == s.pid)
                             && opts.tid.is_none_or(|t| t == s.tid)
                         {
-                            samples.push(unwind_sample(&s, maps.get(&s.pid), cache, &mut frames));
+                            let maps = maps.get(&s.pid);
+                            samples.push(unwind_sample(s, maps, cache, &mut frames));
                         }
                     }
                 },
@@ -144,7 +158,6 @@ pub fn run(
     // Symbolization and assembly work per distinct address, not per frame of each sample.
     let distinct = distinct_frames(&unwound);
     let names = symbolize_images(&images, &distinct.user, &mut warnings);
-    let kernel = KernelSymbolizer::new(meta.kernel_symbols.clone());
     Ok(assemble(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     ))
@@ -197,13 +210,11 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
                 debug_info: !image.has_dwarf(),
             };
             if wanted.sections || wanted.debug_info {
+                let key = BinaryKey::of_binary(binary);
                 let mut paths: Vec<&str> = meta
                     .mappings
                     .iter()
-                    .filter(|m| match &binary.build_id {
-                        Some(id) => m.build_id.as_ref() == Some(id),
-                        None => m.build_id.is_none() && m.path == binary.path,
-                    })
+                    .filter(|m| BinaryKey::of(&m.build_id, &m.path) == key)
                     .map(|m| m.path.as_str())
                     .collect();
                 paths.sort_unstable();
@@ -218,7 +229,7 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
 }
 
 fn unwind_sample(
-    s: &SampleRef,
+    s: SampleRef,
     maps: Option<&ProcessMaps>,
     cache: &mut UnwindCache,
     frames: &mut ChunkFrames,
@@ -230,9 +241,9 @@ fn unwind_sample(
         pid: s.pid,
         tid: s.tid,
         user: Vec::new(),
-        kernel: s.kernel_stack.clone(),
-        end: StackEnd::Complete,
         kernel_mode: s.flags & sample_flags::KERNEL_MODE != 0 || !s.kernel_stack.is_empty(),
+        kernel: s.kernel_stack,
+        end: StackEnd::Complete,
         no_mappings: false,
         without_unwind_info: Vec::new(),
     };
@@ -365,7 +376,7 @@ fn assemble(
         .collect();
 
     // Name each distinct address once; samples then only look their frame ids up.
-    let mut frames = FrameInterner::default();
+    let mut frames: Interner<Frame> = Interner::default();
     let user_ids: Vec<Vec<FrameId>> = distinct
         .user
         .iter()
@@ -470,7 +481,7 @@ fn assemble(
         header,
         end_reason: meta.end.as_ref().map(|e| e.reason.clone()),
         samples,
-        frames: frames.frames,
+        frames: frames.list,
         threads,
         binaries,
         stats,
@@ -564,29 +575,12 @@ fn binary_info(image: &Image) -> BinaryInfo {
     }
 }
 
-#[derive(Default)]
-struct FrameInterner {
-    ids: FxHashMap<Frame, FrameId>,
-    frames: Vec<Frame>,
-}
-
-impl FrameInterner {
-    fn id(&mut self, frame: Frame) -> FrameId {
-        if let Some(&id) = self.ids.get(&frame) {
-            return id;
-        }
-        let id = self.frames.len() as FrameId;
-        self.frames.push(frame.clone());
-        self.ids.insert(frame, id);
-        id
-    }
-}
-
-/// Warnings, each kept once with how often it happened.
+/// Warnings, each kept once with how often it happened, in order of first occurrence
+/// (capture order, which is deterministic).
 #[derive(Default)]
 struct WarningCounter {
-    counts: HashMap<String, u64>,
-    order: Vec<String>,
+    messages: Interner<String>,
+    counts: Vec<u64>,
 }
 
 impl WarningCounter {
@@ -595,23 +589,19 @@ impl WarningCounter {
     }
 
     fn add_n(&mut self, message: String, n: u64) {
-        match self.counts.get_mut(&message) {
-            Some(c) => *c += n,
-            None => {
-                self.order.push(message.clone());
-                self.counts.insert(message, n);
-            }
+        let i = self.messages.id(message) as usize;
+        if i == self.counts.len() {
+            self.counts.push(0);
         }
+        self.counts[i] += n;
     }
 
-    /// In order of first occurrence (capture order), which is deterministic.
-    fn into_sorted(mut self) -> Vec<Warning> {
-        self.order
-            .into_iter()
-            .map(|m| Warning {
-                count: self.counts.remove(&m).unwrap_or(0),
-                message: m,
-            })
+    fn into_sorted(self) -> Vec<Warning> {
+        let counts = self.counts.into_iter();
+        let messages = self.messages.list.into_iter();
+        messages
+            .zip(counts)
+            .map(|(message, count)| Warning { message, count })
             .collect()
     }
 }

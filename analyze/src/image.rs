@@ -6,16 +6,6 @@ use lrec_format::{Binary, Mapping, Section, Segment};
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
 
-/// Sections of an ELF file read from local disk (by the loader).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LocalFile {
-    pub path: String,
-    pub build_id: Option<Vec<u8>>,
-    pub elf_type: u16,
-    pub segments: Vec<Segment>,
-    pub sections: Vec<Section>,
-}
-
 /// A binary's segments and sections, whichever source they came from.
 #[derive(Debug, Clone, Default)]
 pub struct Image {
@@ -46,7 +36,7 @@ impl Image {
 
     /// Adds the sections of a local file that this image lacks (and its segments, if the
     /// capture had none).
-    pub fn complete_from(&mut self, file: LocalFile) {
+    pub fn complete_from(&mut self, file: Binary) {
         if self.segments.is_empty() {
             self.segments = file.segments;
         }

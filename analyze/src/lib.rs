@@ -21,7 +21,6 @@ mod unwind;
 
 use lrec_format::{Binary, Capture};
 
-pub use image::LocalFile;
 pub use profile::{
     BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
 };
@@ -56,9 +55,9 @@ pub struct Wanted {
 /// Supplies local copies of recorded binaries (or their debug files) that are provably the
 /// recorded build.
 pub trait BinaryLocator: Sync {
-    /// Files whose sections complete `binary`, best first. `mapping_paths` are the paths it
-    /// was mapped under.
-    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<LocalFile>;
+    /// Local files, read as lrec would have embedded them, whose sections complete
+    /// `binary`, best first. `mapping_paths` are the paths it was mapped under.
+    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<Binary>;
 }
 
 /// A locator that finds nothing: the capture alone is used.
@@ -66,7 +65,7 @@ pub trait BinaryLocator: Sync {
 pub struct NoLocalFiles;
 
 impl BinaryLocator for NoLocalFiles {
-    fn locate(&self, _: &Binary, _: &[&str], _: Wanted) -> Vec<LocalFile> {
+    fn locate(&self, _: &Binary, _: &[&str], _: Wanted) -> Vec<Binary> {
         Vec::new()
     }
 }

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use lrec_format::elf::{self, DebugInfo};
 use lrec_format::Binary;
 
-use crate::image::LocalFile;
 use crate::{BinaryLocator, Wanted};
 
 /// Looks for binaries at their recorded paths and debug files under a debug root.
@@ -29,9 +28,9 @@ impl Default for LocalFiles {
 }
 
 impl BinaryLocator for LocalFiles {
-    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<LocalFile> {
+    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<Binary> {
         let mut found = Vec::new();
-        let mut own_file: Option<LocalFile> = None;
+        let mut own_file: Option<Binary> = None;
         if wanted.sections || wanted.debug_info {
             let mut paths: Vec<&str> = vec![binary.path.as_str()];
             paths.extend(mapping_paths.iter().copied());
@@ -57,7 +56,7 @@ impl BinaryLocator for LocalFiles {
 }
 
 impl LocalFiles {
-    fn find_debug_file(&self, binary: &Binary, link: Option<(String, u32)>) -> Option<LocalFile> {
+    fn find_debug_file(&self, binary: &Binary, link: Option<(String, u32)>) -> Option<Binary> {
         if let Some(id) = binary.build_id.as_deref().filter(|id| id.len() >= 2) {
             let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
             let path = self
@@ -88,13 +87,11 @@ impl LocalFiles {
     }
 }
 
-fn has_debug_info(f: &LocalFile) -> bool {
-    f.sections
-        .iter()
-        .any(|s| s.name == ".debug_info" && !s.data.is_empty())
+fn has_debug_info(f: &Binary) -> bool {
+    f.section(".debug_info").is_some_and(|s| !s.data.is_empty())
 }
 
-fn same_build(binary: &Binary, file: &LocalFile) -> bool {
+fn same_build(binary: &Binary, file: &Binary) -> bool {
     match (&binary.build_id, &file.build_id) {
         (Some(a), Some(b)) => a == b,
         (None, None) => {
@@ -106,17 +103,12 @@ fn same_build(binary: &Binary, file: &LocalFile) -> bool {
 }
 
 /// `.gnu_debuglink` of the capture's binary, else of the local file: (name, crc32).
-fn debuglink_of(binary: &Binary, own: Option<&LocalFile>) -> Option<(String, u32)> {
+fn debuglink_of(binary: &Binary, own: Option<&Binary>) -> Option<(String, u32)> {
     let data = binary
         .section(".gnu_debuglink")
         .map(|s| s.data.as_slice())
         .filter(|d| !d.is_empty())
-        .or_else(|| {
-            own?.sections
-                .iter()
-                .find(|s| s.name == ".gnu_debuglink")
-                .map(|s| s.data.as_slice())
-        })?;
+        .or_else(|| own?.section(".gnu_debuglink").map(|s| s.data.as_slice()))?;
     parse_debuglink(data)
 }
 
@@ -141,7 +133,7 @@ fn file_crc32(path: &Path) -> Option<u32> {
 
 /// Reads the segments and the unwind, symbol and debug sections of an ELF file, as lrec
 /// would have embedded them; None if it is unreadable or not an x86_64 ELF file.
-fn read_elf(path: &Path) -> Option<LocalFile> {
+fn read_elf(path: &Path) -> Option<Binary> {
     let file = File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
@@ -149,16 +141,7 @@ fn read_elf(path: &Path) -> Option<LocalFile> {
     // SAFETY: read-only map of a regular file; sections are copied out before it is dropped.
     let map = unsafe { memmap2::Mmap::map(&file).ok()? };
     let binary = elf::binary_record(&path.to_string_lossy(), &map, DebugInfo::All);
-    if binary.error.is_some() {
-        return None;
-    }
-    Some(LocalFile {
-        path: binary.path,
-        build_id: binary.build_id,
-        elf_type: binary.elf_type,
-        segments: binary.segments,
-        sections: binary.sections,
-    })
+    binary.error.is_none().then_some(binary)
 }
 
 #[cfg(test)]

@@ -78,11 +78,12 @@ impl Metadata {
             }
             Record::Mapping(m) => self.mappings.push(m),
             Record::Binary(b) => {
-                let duplicate = self.binaries.iter().any(|have| match &b.build_id {
-                    Some(id) => have.build_id.as_ref() == Some(id),
-                    None => have.build_id.is_none() && have.path == b.path,
-                });
-                if !duplicate {
+                let key = BinaryKey::of(&b.build_id, &b.path);
+                if !self
+                    .binaries
+                    .iter()
+                    .any(|have| BinaryKey::of_binary(have) == key)
+                {
                     self.binaries.push(b);
                 }
             }
@@ -93,24 +94,33 @@ impl Metadata {
         }
     }
 
-    /// Index into `binaries` of the binary a mapping maps: by build-id when the mapping
-    /// has one, else by path.
+    /// Index into `binaries` of the binary a mapping maps (see [`BinaryKey`]).
     pub fn binary_index(&self) -> impl Fn(&Mapping) -> Option<usize> + '_ {
-        let mut by_id: HashMap<&[u8], usize> = HashMap::new();
-        let mut by_path: HashMap<&str, usize> = HashMap::new();
+        let mut index: HashMap<BinaryKey<'_>, usize> = HashMap::new();
         for (i, b) in self.binaries.iter().enumerate() {
-            match &b.build_id {
-                Some(id) => {
-                    by_id.entry(id).or_insert(i);
-                }
-                None => {
-                    by_path.entry(&b.path).or_insert(i);
-                }
-            }
+            index.entry(BinaryKey::of_binary(b)).or_insert(i);
         }
-        move |m: &Mapping| match &m.build_id {
-            Some(id) => by_id.get(id.as_slice()).copied(),
-            None => by_path.get(m.path.as_str()).copied(),
+        move |m: &Mapping| index.get(&BinaryKey::of(&m.build_id, &m.path)).copied()
+    }
+}
+
+/// Which binary a mapping maps: the one with its build-id, or, for files without one,
+/// the one with its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryKey<'a> {
+    BuildId(&'a [u8]),
+    Path(&'a str),
+}
+
+impl<'a> BinaryKey<'a> {
+    pub fn of(build_id: &'a Option<Vec<u8>>, path: &'a str) -> BinaryKey<'a> {
+        match build_id {
+            Some(id) => BinaryKey::BuildId(id),
+            None => BinaryKey::Path(path),
         }
+    }
+
+    pub fn of_binary(b: &'a Binary) -> BinaryKey<'a> {
+        BinaryKey::of(&b.build_id, &b.path)
     }
 }
