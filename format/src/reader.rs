@@ -305,7 +305,7 @@ thread_local! {
     static CHUNK_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
     match bincode::serde::borrow_decode_from_slice(body, bincode_config()) {
         Ok((v, n)) if n == body.len() => Ok(v),
         Ok((_, n)) => Err(format!("{} trailing bytes", body.len() - n)),
@@ -313,22 +313,12 @@ fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
     }
 }
 
-/// `Ok(None)` for kinds this reader does not know.
+/// `Ok(None)` for kinds this reader does not know. Samples are decoded in place.
 fn decode_record(k: u16, body: &[u8]) -> Result<Option<RecordRef<'_>>, String> {
     if k == kind::SAMPLE {
         return Ok(Some(RecordRef::Sample(decode(body)?)));
     }
-    Ok(Some(RecordRef::Other(match k {
-        kind::HEADER => Record::Header(decode(body)?),
-        kind::PROCESS => Record::Process(decode(body)?),
-        kind::THREAD_NAME => Record::ThreadName(decode(body)?),
-        kind::MAPPING => Record::Mapping(decode(body)?),
-        kind::BINARY => Record::Binary(decode(body)?),
-        kind::LOST => Record::Lost(decode(body)?),
-        kind::END => Record::End(decode(body)?),
-        kind::KERNEL_SYMBOLS => Record::KernelSymbols(decode(body)?),
-        _ => return Ok(None),
-    })))
+    Ok(Record::decode_payload(k, body)?.map(RecordRef::Other))
 }
 
 /// Finds every valid chunk. After damage, resynchronises on the next chunk magic whose

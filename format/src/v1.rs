@@ -254,44 +254,52 @@ pub struct End {
     pub reason: String,
 }
 
-/// A decoded record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Record {
-    Header(Header),
-    Process(Process),
-    ThreadName(ThreadName),
-    Mapping(Mapping),
-    Binary(Binary),
-    Sample(Sample),
-    Lost(Lost),
-    End(End),
-    KernelSymbols(KernelSymbols),
-    /// A record kind this reader does not know; its payload is kept undecoded.
-    Unknown {
-        kind: u16,
-        payload: Vec<u8>,
-    },
-}
-
-impl Record {
-    pub fn kind(&self) -> u16 {
-        match self {
-            Record::Header(_) => kind::HEADER,
-            Record::Process(_) => kind::PROCESS,
-            Record::ThreadName(_) => kind::THREAD_NAME,
-            Record::Mapping(_) => kind::MAPPING,
-            Record::Binary(_) => kind::BINARY,
-            Record::Sample(_) => kind::SAMPLE,
-            Record::Lost(_) => kind::LOST,
-            Record::End(_) => kind::END,
-            Record::KernelSymbols(_) => kind::KERNEL_SYMBOLS,
-            Record::Unknown { kind, .. } => *kind,
+/// The record kinds of this version: one line each generates the [`Record`] variant, its
+/// kind number, its encoding and decoding, and `From<T> for Record`.
+macro_rules! records {
+    ($($variant:ident = $kind:ident),* $(,)?) => {
+        /// A decoded record.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Record {
+            $($variant($variant),)*
+            /// A record kind this reader does not know; its payload is kept undecoded.
+            Unknown { kind: u16, payload: Vec<u8> },
         }
-    }
-}
 
-macro_rules! record_from {
-    ($($variant:ident),*) => {
+        impl Record {
+            pub fn kind(&self) -> u16 {
+                match self {
+                    $(Record::$variant(_) => kind::$kind,)*
+                    Record::Unknown { kind, .. } => *kind,
+                }
+            }
+
+            /// Appends the record's payload (bincode) to `buf`.
+            pub(crate) fn encode_payload(
+                &self,
+                buf: &mut Vec<u8>,
+            ) -> Result<(), bincode::error::EncodeError> {
+                let cfg = crate::bincode_config();
+                match self {
+                    $(Record::$variant(r) => {
+                        bincode::serde::encode_into_std_write(r, buf, cfg).map(drop)
+                    })*
+                    Record::Unknown { payload, .. } => {
+                        buf.extend_from_slice(payload);
+                        Ok(())
+                    }
+                }
+            }
+
+            /// Decodes a payload of kind `k`; `Ok(None)` for kinds this version lacks.
+            pub(crate) fn decode_payload(k: u16, body: &[u8]) -> Result<Option<Record>, String> {
+                Ok(Some(match k {
+                    $(kind::$kind => Record::$variant(crate::reader::decode(body)?),)*
+                    _ => return Ok(None),
+                }))
+            }
+        }
+
         $(impl From<$variant> for Record {
             fn from(r: $variant) -> Self {
                 Record::$variant(r)
@@ -299,14 +307,15 @@ macro_rules! record_from {
         })*
     };
 }
-record_from!(
-    Header,
-    Process,
-    ThreadName,
-    Mapping,
-    Binary,
-    Sample,
-    Lost,
-    End,
-    KernelSymbols
+
+records!(
+    Header = HEADER,
+    Process = PROCESS,
+    ThreadName = THREAD_NAME,
+    Mapping = MAPPING,
+    Binary = BINARY,
+    Sample = SAMPLE,
+    Lost = LOST,
+    End = END,
+    KernelSymbols = KERNEL_SYMBOLS,
 );

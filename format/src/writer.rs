@@ -4,8 +4,7 @@ use std::io::Write;
 
 use crate::v1::{kind, Header, Record};
 use crate::{
-    bincode_config, chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC,
-    FORMAT_VERSION, MAGIC,
+    chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, MAGIC,
 };
 
 /// Uncompressed bytes buffered before a chunk is written out on its own.
@@ -80,22 +79,7 @@ impl<W: Write> CaptureWriter<W> {
         let start = buf.len();
         buf.extend_from_slice(&record.kind().to_le_bytes());
         buf.extend_from_slice(&[0; 4]);
-        let cfg = bincode_config();
-        let res = match record {
-            Record::Header(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Process(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::ThreadName(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Mapping(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Binary(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Sample(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Lost(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::End(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::KernelSymbols(r) => bincode::serde::encode_into_std_write(r, buf, cfg),
-            Record::Unknown { payload, .. } => {
-                buf.extend_from_slice(payload);
-                Ok(payload.len())
-            }
-        };
+        let res = record.encode_payload(buf);
         if let Err(e) = res {
             buf.truncate(start);
             return Err(e.into());
