@@ -25,11 +25,16 @@ struct {
 	__uint(max_entries, 32 << 20); /* resized by lrec */
 } samples SEC(".maps");
 
+/* Bytes after the sample header: the stack copy, then the Lua stack. A power of two, so
+ * that masking an offset bounds it for the verifier. */
+#define LREC_DATA_SIZE (128 * 1024)
+
 /* Scratch buffer per CPU: an ARRAY, since a PERCPU value is capped at 32 KiB. The
- * 4 KiB slack past LREC_MAX_STACK lets the verifier bound a page copy at any offset. */
+ * slack past LREC_DATA_SIZE lets the verifier bound a page copy or a frame record at
+ * any masked offset. */
 struct sample_buf {
 	struct lrec_sample s;
-	__u8 stack[LREC_MAX_STACK + LREC_PAGE_SIZE];
+	__u8 data[LREC_DATA_SIZE + LREC_PAGE_SIZE];
 };
 
 struct {
@@ -108,13 +113,15 @@ static long copy_page(__u64 i, struct copy_ctx *c)
 	off &= LREC_MAX_STACK - 1;
 	if (len == 0 || len > LREC_PAGE_SIZE)
 		return 1;
-	if (bpf_probe_read_user(&b->stack[off], len, (void *)addr)) {
+	if (bpf_probe_read_user(&b->data[off], len, (void *)addr)) {
 		c->faulted = 1;
 		return 1;
 	}
 	c->copied += len;
 	return 0;
 }
+
+#include "luajit.h"
 
 static void count_lost(void)
 {
@@ -193,9 +200,13 @@ int sample(struct bpf_perf_event_data *ctx)
 		s->flags |= LREC_STACK_FAULTED;
 	s->stack_len = c.copied;
 
-	__u64 size = sizeof(struct lrec_sample) + (c.copied & (LREC_MAX_STACK - 1));
-	if (c.copied >= LREC_MAX_STACK)
-		size = sizeof(struct lrec_sample) + LREC_MAX_STACK;
+	/* The Lua stack, when this process runs a LuaJIT VM lrec has identified. */
+	s->lua_offset = (c.copied + 7) & ~7U;
+	s->lua_len = 0;
+	if (!(s->flags & LREC_NO_USER_REGS))
+		s->lua_len = lua_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
+	__u32 data_len = s->lua_len ? s->lua_offset + s->lua_len : c.copied;
+	__u64 size = sizeof(struct lrec_sample) + (data_len & (LREC_DATA_SIZE - 1));
 	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes
 			      ? BPF_RB_FORCE_WAKEUP
 			      : BPF_RB_NO_WAKEUP;

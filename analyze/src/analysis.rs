@@ -5,18 +5,22 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
 
-use lrec_format::{kind, kind_bit, sample_flags, Capture, Mapping, RecordRef, SampleRef};
+use lrec_format::{
+    kind, kind_bit, lua_frame_kind, sample_flags, Capture, LuaStack, Mapping, Record, RecordRef,
+    SampleRef,
+};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::{basename, Image};
+use crate::lua::{self, luajit, Merged};
 use crate::metadata::{read_metadata, BinaryKey, Metadata};
 use crate::profile::{
     BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
 };
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
-use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache};
+use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache, VmHint};
 use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
 
 const DEFAULT_PAGE_SIZE: u64 = 4096;
@@ -34,6 +38,13 @@ enum UserFrame {
     Mapped { module: Arc<str>, file_offset: u64 },
     /// In no mapping, or in anonymous memory.
     Unmapped,
+    /// A Lua function of process `pid` (a [`lrec_format::LuaProto`] id), at `line` when
+    /// lines are asked for (else `u32::MAX`).
+    Lua { pid: u32, proto: u32, line: u32 },
+    /// A Lua VM's built-in function.
+    LuaBuiltin { pid: u32, id: u8 },
+    /// A Lua VM state that runs no Lua code (`[GC]`).
+    LuaState(&'static str),
 }
 
 /// A region that unwinding had to cross without unwind info.
@@ -55,6 +66,8 @@ struct UnwoundSample {
     kernel_mode: bool,
     no_mappings: bool,
     without_unwind_info: Vec<WithoutUnwindInfo>,
+    /// The Lua VM's state (`G->vmstate`), when the sample ran in a Lua VM.
+    vm_state: Option<i32>,
 }
 
 /// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
@@ -127,6 +140,10 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
+    let lua_ctx = LuaContext {
+        meta: &meta,
+        lines: opts.lines,
+    };
     let unwound: Vec<UnwoundChunk> = capture
         .chunks()
         .par_iter()
@@ -134,18 +151,26 @@ pub fn run(
         .map_init(UnwindCache::new, |cache, chunk| {
             let mut frames = ChunkFrames::default();
             let mut samples = Vec::new();
+            // A sample's Lua stack comes just before it.
+            let mut lua_stack: Option<LuaStack> = None;
             capture.visit_chunk(
                 chunk,
-                |k| k == kind::SAMPLE,
-                |r| {
-                    if let RecordRef::Sample(s) = r {
+                |k| k == kind::SAMPLE || k == kind::LUA_STACK,
+                |r| match r {
+                    RecordRef::Other(Record::LuaStack(l)) => lua_stack = Some(l),
+                    RecordRef::Sample(s) => {
+                        let lua = lua_stack
+                            .take()
+                            .filter(|l| l.tid == s.tid && l.time_ns == s.time_ns);
                         if opts.pid.is_none_or(|p| p == s.pid)
                             && opts.tid.is_none_or(|t| t == s.tid)
                         {
                             let maps = maps.get(&s.pid);
-                            samples.push(unwind_sample(s, maps, cache, &mut frames));
+                            let lua = lua.as_ref().map(|l| (l, &lua_ctx));
+                            samples.push(unwind_sample(s, maps, lua, cache, &mut frames));
                         }
                     }
+                    RecordRef::Other(_) => {}
                 },
             );
             UnwoundChunk {
@@ -228,9 +253,53 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
         .collect()
 }
 
+/// What merging Lua frames needs from the capture's metadata.
+struct LuaContext<'a> {
+    meta: &'a Metadata,
+    /// Split Lua frames by current line.
+    lines: bool,
+}
+
+impl LuaContext<'_> {
+    fn frame(&self, pid: u32, f: &lrec_format::LuaFrame, space: &AddressSpace) -> UserFrame {
+        match f.kind {
+            lua_frame_kind::LUA => {
+                let line = match self.lines {
+                    true => self
+                        .meta
+                        .lua_protos
+                        .get(&(pid, f.function))
+                        .and_then(|p| p.lines.get(f.pos as usize).copied())
+                        .unwrap_or(0),
+                    false => u32::MAX,
+                };
+                UserFrame::Lua {
+                    pid,
+                    proto: f.function,
+                    line,
+                }
+            }
+            lua_frame_kind::BUILTIN => UserFrame::LuaBuiltin { pid, id: f.builtin },
+            // A C function: named by its symbol, as a native frame would be.
+            _ => locate(
+                space,
+                &CodeAddress {
+                    avma: f.address,
+                    is_return: false,
+                    region: space
+                        .region_index(f.address)
+                        .filter(|&i| space.region_at(i).executable),
+                    sp: 0,
+                },
+            ),
+        }
+    }
+}
+
 fn unwind_sample(
     s: SampleRef,
     maps: Option<&ProcessMaps>,
+    lua: Option<(&LuaStack, &LuaContext)>,
     cache: &mut UnwindCache,
     frames: &mut ChunkFrames,
 ) -> UnwoundSample {
@@ -246,7 +315,10 @@ fn unwind_sample(
         end: StackEnd::Complete,
         no_mappings: false,
         without_unwind_info: Vec::new(),
+        vm_state: lua.map(|(l, _)| l.vmstate),
     };
+    // The Lua VM the sample ran in, if its runtime is known.
+    let lua = lua.and_then(|(l, ctx)| Some((l, ctx, ctx.meta.lua_runtimes.get(&s.pid)?)));
     match space {
         // A kernel thread has neither user registers nor mappings: nothing is missing.
         _ if no_regs => {
@@ -260,12 +332,47 @@ fn unwind_sample(
             out.no_mappings = true;
         }
         Some(space) => {
-            let stack = unwind_user(space, &s.regs, s.user_stack, cache);
-            out.user = stack
-                .frames
-                .iter()
-                .map(|a| frames.id(locate(space, a)))
-                .collect();
+            let mut cframes = Vec::new();
+            let code = lua.map(|(_, _, rt)| [(rt.vm_start, rt.vm_end)]);
+            let hint = match (lua, &code) {
+                (Some((l, _, _)), Some(code)) => {
+                    lua::cframes(l, &mut cframes);
+                    Some(VmHint {
+                        code,
+                        cframes: &cframes,
+                        innermost: l.cframe,
+                    })
+                }
+                _ => None,
+            };
+            let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);
+            match (lua, hint) {
+                (Some((l, ctx, _)), Some(hint)) => {
+                    let jit = |a: &CodeAddress| {
+                        a.region.is_none_or(|i| space.region_at(i).image.is_none())
+                    };
+                    let mut merged = Vec::new();
+                    let state = luajit::state_frame(l.vmstate);
+                    lua::merge(stack.frames, l, &hint, jit, state, &mut merged);
+                    out.user = merged
+                        .iter()
+                        .map(|m| {
+                            frames.id(match *m {
+                                Merged::Native(i) => locate(space, &stack.frames[i]),
+                                Merged::Lua(f) => ctx.frame(s.pid, f, space),
+                                Merged::State(name) => UserFrame::LuaState(name),
+                            })
+                        })
+                        .collect();
+                }
+                _ => {
+                    out.user = stack
+                        .frames
+                        .iter()
+                        .map(|a| frames.id(locate(space, a)))
+                        .collect();
+                }
+            }
             out.end = stack.end;
             out.without_unwind_info = stack
                 .without_unwind_info
@@ -382,7 +489,7 @@ fn assemble(
         .iter()
         .map(|f| {
             let mut ids = Vec::new();
-            user_frames(f, images, names, |frame| ids.push(frames.id(frame)));
+            user_frames(f, meta, images, names, |frame| ids.push(frames.id(frame)));
             ids
         })
         .collect();
@@ -430,6 +537,12 @@ fn assemble(
             StackEnd::Failed => stats.failed_unwinds += 1,
         }
         stats.kernel_samples += u64::from(s.kernel_mode);
+        if let Some(state) = s.vm_state {
+            *stats
+                .vm_states
+                .entry(luajit::state_name(state))
+                .or_default() += 1;
+        }
         if s.no_mappings {
             *no_mappings.entry(s.pid).or_default() += 1;
         }
@@ -501,8 +614,35 @@ fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
 }
 
 /// The frames (outermost first) for one located user address.
-fn user_frames(frame: &UserFrame, images: &[Image], names: &Names, mut push: impl FnMut(Frame)) {
+fn user_frames(
+    frame: &UserFrame,
+    meta: &Metadata,
+    images: &[Image],
+    names: &Names,
+    mut push: impl FnMut(Frame),
+) {
     let (module, file_offset): (&str, &u64) = match frame {
+        UserFrame::Lua { pid, proto, line } => {
+            push(lua_function_frame(meta, *pid, *proto, *line));
+            return;
+        }
+        UserFrame::LuaBuiltin { pid, id } => {
+            let builtins = meta.lua_runtimes.get(pid).map(|r| r.builtins.as_slice());
+            push(Frame {
+                function: luajit::builtin_name(builtins.unwrap_or_default(), *id),
+                module: None,
+                kind: FrameKind::Lua,
+            });
+            return;
+        }
+        UserFrame::LuaState(name) => {
+            push(Frame {
+                function: name.to_string(),
+                module: None,
+                kind: FrameKind::Lua,
+            });
+            return;
+        }
         UserFrame::Image {
             image,
             lookup_svma,
@@ -544,6 +684,26 @@ fn user_frames(frame: &UserFrame, images: &[Image], names: &Names, mut push: imp
         module: Some(module.to_string()),
         kind: FrameKind::User,
     });
+}
+
+/// A Lua function: `CHUNK:LINEDEFINED`, with `@LINE` for the current line when asked.
+fn lua_function_frame(meta: &Metadata, pid: u32, proto: u32, line: u32) -> Frame {
+    let (function, module) = match meta.lua_protos.get(&(pid, proto)) {
+        Some(p) => {
+            let chunk = luajit::chunk_label(&p.chunkname);
+            let mut label = format!("{chunk}:{}", p.firstline);
+            if line != u32::MAX {
+                label.push_str(&format!("@{line}"));
+            }
+            (label, Some(chunk))
+        }
+        None => ("[unknown Lua function]".to_string(), None),
+    };
+    Frame {
+        function,
+        module,
+        kind: FrameKind::Lua,
+    }
 }
 
 fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {

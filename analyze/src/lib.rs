@@ -12,6 +12,7 @@ mod analysis;
 mod cfi;
 mod image;
 pub mod loader;
+mod lua;
 mod metadata;
 mod profile;
 pub mod render;
@@ -34,6 +35,8 @@ pub struct Options {
     pub pid: Option<u32>,
     /// Keep only samples of this thread.
     pub tid: Option<u32>,
+    /// Split Lua frames by their current line.
+    pub lines: bool,
 }
 
 /// Errors that stop an analysis. Damaged data does not: it is counted and warned about.

@@ -52,6 +52,10 @@ struct Cli {
     /// Keep only samples of this thread.
     #[arg(short, long)]
     tid: Option<u32>,
+    /// Split Lua frames by current line: `chunk.lua:12@14` is the function defined at line
+    /// 12 while it runs line 14.
+    #[arg(long)]
+    lines: bool,
 }
 
 fn main() {
@@ -74,6 +78,7 @@ fn run(cli: Cli) -> Result<()> {
         offline: cli.offline,
         pid: cli.pid,
         tid: cli.tid,
+        lines: cli.lines,
     };
     let profile = analyze(&capture, &opts)
         .with_context(|| format!("cannot analyse {}", cli.capture.display()))?;

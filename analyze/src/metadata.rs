@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use lrec_format::{
-    kind, kind_bit, Binary, Capture, End, Header, Mapping, Process, ReadWarning, Record, RecordRef,
+    kind, kind_bit, Binary, Capture, End, Header, LuaProto, LuaRuntime, Mapping, Process,
+    ReadWarning, Record, RecordRef,
 };
 use rayon::prelude::*;
 
@@ -20,6 +21,10 @@ pub struct Metadata {
     pub kernel_symbols: Vec<(u64, u64, String)>,
     pub lost: u64,
     pub end: Option<End>,
+    /// Lua VMs found, per process.
+    pub lua_runtimes: HashMap<u32, LuaRuntime>,
+    /// Lua function prototypes by (pid, id).
+    pub lua_protos: HashMap<(u32, u32), LuaProto>,
     /// Opening damage, then per-chunk warnings in capture order.
     pub read_warnings: Vec<ReadWarning>,
 }
@@ -30,15 +35,16 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
         .chunks()
         .par_iter()
         .map(|chunk| {
-            // Chunks of samples only need not be inflated here.
-            if chunk.kinds & !kind_bit(kind::SAMPLE) == 0 {
+            // Chunks of samples (and their Lua stacks) only need not be inflated here.
+            let samples = kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK);
+            if chunk.kinds & !samples == 0 {
                 return (Vec::new(), Vec::new());
             }
             let mut kept = Vec::new();
             // Samples are skipped undecoded here; the unwinding pass visits them.
             let warnings = capture.visit_chunk(
                 chunk,
-                |k| k != kind::SAMPLE,
+                |k| k != kind::SAMPLE && k != kind::LUA_STACK,
                 |r| {
                     if let RecordRef::Other(r) = r {
                         if !matches!(r, Record::Unknown { .. }) {
@@ -90,7 +96,20 @@ impl Metadata {
             Record::KernelSymbols(k) => self.kernel_symbols.extend(k.symbols),
             Record::Lost(l) => self.lost += l.count,
             Record::End(e) => self.end = Some(e),
-            Record::Sample(_) | Record::Unknown { .. } => {}
+            Record::LuaRuntime(r) => {
+                // A runtime that validated wins over an earlier failure.
+                let keep = self
+                    .lua_runtimes
+                    .get(&r.pid)
+                    .is_none_or(|have| have.layout.is_empty());
+                if keep {
+                    self.lua_runtimes.insert(r.pid, r);
+                }
+            }
+            Record::LuaProto(p) => {
+                self.lua_protos.insert((p.pid, p.id), p);
+            }
+            Record::Sample(_) | Record::LuaStack(_) | Record::Unknown { .. } => {}
         }
     }
 

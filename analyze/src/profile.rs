@@ -14,6 +14,8 @@ pub enum FrameKind {
     Inlined,
     /// A kernel function.
     Kernel,
+    /// A Lua function, a Lua VM's built-in function, or a VM state (`[GC]`).
+    Lua,
 }
 
 /// One distinct frame of the profile.
@@ -32,7 +34,7 @@ impl Frame {
     pub fn display_name(&self) -> String {
         match self.kind {
             FrameKind::Kernel => format!("{}_[k]", self.function),
-            FrameKind::User | FrameKind::Inlined => self.function.clone(),
+            FrameKind::User | FrameKind::Inlined | FrameKind::Lua => self.function.clone(),
         }
     }
 }
@@ -103,6 +105,9 @@ pub struct Stats {
     pub failed_unwinds: u64,
     /// Samples taken while the thread ran in the kernel.
     pub kernel_samples: u64,
+    /// Samples per Lua VM state (interpreted, JIT-compiled, C, GC, JIT compiler, …),
+    /// for samples taken while a Lua VM ran on the thread.
+    pub vm_states: std::collections::BTreeMap<&'static str, u64>,
     /// First and last sample time.
     pub first_time_ns: Option<u64>,
     pub last_time_ns: Option<u64>,

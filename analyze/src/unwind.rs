@@ -38,6 +38,8 @@ pub struct CodeAddress {
     pub is_return: bool,
     /// The region of the address space holding `lookup_avma()`.
     pub region: Option<usize>,
+    /// The stack pointer while this frame runs (the CFA of the frame it called).
+    pub sp: u64,
 }
 
 impl CodeAddress {
@@ -72,18 +74,45 @@ pub struct UserStack<'a> {
     pub without_unwind_info: Vec<u64>,
 }
 
+/// What unwinding needs to know about a Lua VM the sample ran in: where its interpreter
+/// is and where its native C frames are. The VM's unwind info is valid only at its C
+/// frames: in its helpers (entered with a call) and in JIT-compiled traces (no unwind info
+/// at all) the unwinder continues at the innermost C frame above instead.
+#[derive(Debug, Clone, Copy)]
+pub struct VmHint<'a> {
+    /// Interpreter code ranges (AVMA).
+    pub code: &'a [(u64, u64)],
+    /// Stack addresses of the VM's C frames, ascending.
+    pub cframes: &'a [u64],
+    /// The innermost of them.
+    pub innermost: u64,
+}
+
+impl VmHint<'_> {
+    pub fn in_vm(&self, avma: u64) -> bool {
+        self.code.iter().any(|&(s, e)| avma >= s && avma < e)
+    }
+
+    /// The innermost C frame at or above `sp` that is not `sp` itself.
+    fn cframe_above(&self, sp: u64) -> Option<u64> {
+        self.cframes.iter().copied().find(|&c| c > sp)
+    }
+}
+
 /// Unwinds from `regs` over `stack` (the bytes at `regs.sp` upward).
 ///
 /// Every frame is unwound by its CFI or not at all: a return address outside executable
 /// memory, or a frame whose address no FDE covers, ends the stack there as truncated.
 /// framehop would otherwise fall back to frame pointers, which over code built without
 /// them skips callers silently, and a profiler must not show that. A stack is complete
-/// only when the last frame's own CFI says it has no caller.
+/// only when the last frame's own CFI says it has no caller. The one exception is a Lua
+/// VM's code ([`VmHint`]): its C frames are known exactly, so unwinding continues there.
 pub fn unwind_user<'c>(
     space: &AddressSpace,
     regs: &Regs,
     stack: &[u8],
     cache: &'c mut UnwindCache,
+    vm: Option<VmHint>,
 ) -> UserStack<'c> {
     let sp = regs.sp;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
@@ -94,24 +123,13 @@ pub fn unwind_user<'c>(
     let frames = &mut cache.frames;
     frames.clear();
     let mut without_unwind_info = Vec::new();
-    let mut iter = space.unwinder.iter_frames(
-        regs.ip,
-        UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-        &mut cache.rules,
-        &mut read_stack,
-    );
+    let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+    let mut address = FrameAddress::InstructionPointer(regs.ip);
     let end = loop {
         if frames.len() >= MAX_FRAMES {
             break StackEnd::Truncated;
         }
-        let frame = match iter.next() {
-            Ok(Some(f)) => f,
-            // Only reached from a frame with CFI: its unwind info said there is no caller
-            // (`_start`, `clone3`).
-            Ok(None) => break StackEnd::Complete,
-            Err(_) => break StackEnd::Truncated,
-        };
-        let (avma, is_return) = match frame {
+        let (avma, is_return) = match address {
             FrameAddress::InstructionPointer(avma) => (avma, false),
             FrameAddress::ReturnAddress(avma) => (avma.get(), true),
         };
@@ -121,14 +139,32 @@ pub fn unwind_user<'c>(
         if is_return && executable.is_none() {
             break StackEnd::Truncated;
         }
+        let frame_sp = uregs.sp();
         frames.push(CodeAddress {
             avma,
             is_return,
             region: executable,
+            sp: frame_sp,
         });
+        let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
+        if let Some(vm) = vm {
+            let in_vm = vm.in_vm(lookup);
+            let jit_code =
+                !covered && executable.is_some_and(|i| space.region_at(i).image.is_none());
+            // Below the innermost C frame: a helper the VM called, or one of a trace.
+            let off_cframe = in_vm && frame_sp < vm.innermost;
+            if jit_code || off_cframe {
+                if let Some(cf) = vm.cframe_above(frame_sp) {
+                    // Any interpreter address unwinds by the C frame's rule.
+                    uregs.set_sp(cf);
+                    let (start, end) = vm.code[0];
+                    address = FrameAddress::InstructionPointer(start + (end - start) / 2);
+                    continue;
+                }
+            }
+        }
         // The next frame would be unwound by this one's rule. Without CFI here framehop
         // would guess with frame pointers and could skip callers: stop instead.
-        let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
         if !covered {
             if let Some(r) = executable.map(|i| space.region_at(i)) {
                 if !r.has_unwind_info && !without_unwind_info.contains(&r.start) {
@@ -136,6 +172,19 @@ pub fn unwind_user<'c>(
                 }
             }
             break StackEnd::Truncated;
+        }
+        match space
+            .unwinder
+            .unwind_frame(address, &mut uregs, &mut cache.rules, &mut read_stack)
+        {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                Some(a) => address = a,
+                None => break StackEnd::Truncated,
+            },
+            // Only reached from a frame with CFI: its unwind info said there is no caller
+            // (`_start`, `clone3`).
+            Ok(None) => break StackEnd::Complete,
+            Err(_) => break StackEnd::Truncated,
         }
     };
     let end = match end {

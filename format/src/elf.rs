@@ -542,3 +542,62 @@ mod tests {
             .contains("x86_64"));
     }
 }
+
+/// A LuaJIT interpreter found in a binary's `.eh_frame`: its code range (SVMA) and the
+/// size of its C frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LuaJitVm {
+    pub start: u64,
+    pub end: u64,
+    /// CFRAME_SIZE: 80, or 96 in builds with LUAJIT_NO_UNWIND.
+    pub cframe_size: u32,
+}
+
+/// Smallest FDE taken for an interpreter: LuaJIT's VM is one hand-written function of
+/// tens of kilobytes; compiled functions with such a frame are far smaller.
+const MIN_VM_FDE: u64 = 10_000;
+
+/// Finds LuaJIT's interpreter by its unwind info, which no build hides: buildvm emits one
+/// FDE covering `lj_vm_asm_begin` up to the FFI call code, whose CFA is `rsp + 80` (or
+/// `+ 96`) everywhere, the VM's C frame. Symbols are not needed (Debian hides `lj_*`).
+pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
+    use gimli::{BaseAddresses, CfaRule, EhFrame, UnwindContext, UnwindSection, X86_64};
+    let eh = binary.section(".eh_frame").filter(|s| !s.data.is_empty())?;
+    let mut bases = BaseAddresses::default().set_eh_frame(eh.addr);
+    if let Some(text) = binary.section(".text") {
+        bases = bases.set_text(text.addr);
+    }
+    if let Some(hdr) = binary.section(".eh_frame_hdr") {
+        bases = bases.set_eh_frame_hdr(hdr.addr);
+    }
+    let frame = EhFrame::new(&eh.data, gimli::LittleEndian);
+    let mut ctx = UnwindContext::new();
+    let mut entries = frame.entries(&bases);
+    let mut best: Option<LuaJitVm> = None;
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let (start, len) = (fde.initial_address(), fde.len());
+        if len < MIN_VM_FDE || best.is_some_and(|b| b.end - b.start >= len) {
+            continue;
+        }
+        let mid = start + len / 2;
+        let Ok(row) = fde.unwind_info_for_address(&frame, &bases, &mut ctx, mid) else {
+            continue;
+        };
+        if let CfaRule::RegisterAndOffset { register, offset } = row.cfa() {
+            if *register == X86_64::RSP && matches!(offset, 80 | 96) {
+                best = Some(LuaJitVm {
+                    start,
+                    end: start + len,
+                    cframe_size: *offset as u32,
+                });
+            }
+        }
+    }
+    best
+}

@@ -17,8 +17,13 @@ pub mod kind {
     pub const LOST: u16 = 7;
     pub const END: u16 = 8;
     pub const KERNEL_SYMBOLS: u16 = 9;
-    /// Reserved for Lua VM frame records (LuaJIT / PUC Lua), one per sample.
-    pub const LUA_FRAMES: u16 = 16;
+    /// The Lua frames of one sample ([`LuaStack`](super::LuaStack)), written just before
+    /// the sample it belongs to, in the same chunk.
+    pub const LUA_STACK: u16 = 16;
+    /// A Lua function prototype's names and lines ([`LuaProto`](super::LuaProto)).
+    pub const LUA_PROTO: u16 = 17;
+    /// A Lua VM found in a process ([`LuaRuntime`](super::LuaRuntime)).
+    pub const LUA_RUNTIME: u16 = 18;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -254,6 +259,100 @@ pub struct End {
     pub reason: String,
 }
 
+/// A Lua VM implementation found in a process's memory: where its interpreter lies, how
+/// its structures are laid out, and how its built-in functions are named.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LuaRuntime {
+    pub pid: u32,
+    /// `LuaJIT 2.1`, `Lua 5.4`, …
+    pub vm: String,
+    /// The layout that validated against the live process (`openresty-gc64`, …); empty
+    /// when none did (then `error` says why and samples carry no Lua frames).
+    pub layout: String,
+    /// The file holding the interpreter.
+    pub path: String,
+    /// The interpreter's machine code, as mapped in the process: native frames in this
+    /// range are the VM's own and are replaced by the Lua frames they ran.
+    pub vm_start: u64,
+    pub vm_end: u64,
+    /// Bytes of the VM's native C frame (LuaJIT: CFRAME_SIZE).
+    pub cframe_size: u32,
+    /// Names of the built-in (fast) functions by id (LuaJIT: ffid), `""` when unknown.
+    pub builtins: Vec<String>,
+    pub error: Option<String>,
+}
+
+/// Names and lines of one Lua function prototype, written once the first time a sample
+/// runs it. `id` is unique per capture and process: a proto freed and another allocated
+/// at the same address gets a new id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LuaProto {
+    pub pid: u32,
+    pub id: u32,
+    /// The chunk name as the VM holds it (`@file.lua`, `=name`, or the source text).
+    pub chunkname: String,
+    pub firstline: i32,
+    pub numline: u32,
+    /// Source line of each bytecode position (0 = the function header).
+    pub lines: Vec<u32>,
+}
+
+/// Flags of [`LuaStack::flags`].
+pub mod lua_flags {
+    /// More frames than the recorder walks: the outermost ones are missing.
+    pub const TRUNCATED: u32 = 1;
+    /// A frame or proto could not be read: the stack ends early.
+    pub const BROKEN: u32 = 2;
+}
+
+/// What a [`LuaFrame`] runs.
+pub mod lua_frame_kind {
+    /// A Lua function: `function` is a [`LuaProto`](super::LuaProto) id.
+    pub const LUA: u8 = 0;
+    /// A C function (`address` is its entry point).
+    pub const C: u8 = 1;
+    /// A built-in (fast) function: `builtin` is its id, `address` its C fallback if any.
+    pub const BUILTIN: u8 = 2;
+}
+
+/// One Lua frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LuaFrame {
+    /// [`lua_frame_kind`].
+    pub kind: u8,
+    pub builtin: u8,
+    /// How this frame was called (LuaJIT: the FRAME_* type of its link).
+    pub link: u8,
+    /// [`LuaProto::id`] of a Lua frame.
+    pub function: u32,
+    pub address: u64,
+    /// Bytecode position current in the frame, `u32::MAX` when unknown.
+    pub pos: u32,
+    /// Stack address of the VM's native frame that runs this frame (LuaJIT: its cframe).
+    pub cframe: u64,
+}
+
+/// The Lua frames of one sample, innermost first, across the coroutines that resumed
+/// one another. Written just before its [`Sample`], in the same chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LuaStack {
+    pub pid: u32,
+    pub tid: u32,
+    pub time_ns: u64,
+    /// The VM (LuaJIT: global_State address), telling several VMs of a process apart.
+    pub vm: u64,
+    /// The running Lua thread (innermost coroutine).
+    pub state: u64,
+    /// Its innermost C frame (LuaJIT: `L->cframe`), which may run no Lua frame itself
+    /// (lua_cpcall, lua_load).
+    pub cframe: u64,
+    /// The VM's state (LuaJIT: `G->vmstate`: a trace number ≥ 0, or ~LJ_VMST_*).
+    pub vmstate: i32,
+    /// [`lua_flags`].
+    pub flags: u32,
+    pub frames: Vec<LuaFrame>,
+}
+
 /// The record kinds of this version: one line each generates the [`Record`] variant, its
 /// kind number, its encoding and decoding, and `From<T> for Record`.
 macro_rules! records {
@@ -318,4 +417,7 @@ records!(
     Lost = LOST,
     End = END,
     KernelSymbols = KERNEL_SYMBOLS,
+    LuaStack = LUA_STACK,
+    LuaProto = LUA_PROTO,
+    LuaRuntime = LUA_RUNTIME,
 );

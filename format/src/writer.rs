@@ -69,7 +69,8 @@ impl<W: Write> CaptureWriter<W> {
 
     /// Buffers one record; writes a chunk when the buffer reaches the chunk target.
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
-        let is_sample = record.kind() == kind::SAMPLE;
+        // A sample's Lua frames travel with it, just before it in the same chunk.
+        let is_sample = matches!(record.kind(), kind::SAMPLE | kind::LUA_STACK);
         let pending = if is_sample {
             &mut self.samples
         } else {
@@ -88,7 +89,7 @@ impl<W: Write> CaptureWriter<W> {
         buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
         pending.records += 1;
         pending.kinds |= kind_bit(record.kind());
-        if pending.buf.len() >= self.chunk_target {
+        if pending.buf.len() >= self.chunk_target && record.kind() != kind::LUA_STACK {
             self.flush()?;
         }
         Ok(())

@@ -2,6 +2,8 @@
 
 mod embedder;
 mod kallsyms;
+mod luajit;
+mod luajit_builtins;
 mod procfs;
 mod raw;
 mod recorder;

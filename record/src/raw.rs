@@ -16,6 +16,8 @@ pub struct RawSample {
     pub flags: u32,
     pub stack_len: u32,
     pub kstack_len: u32,
+    pub lua_offset: u32,
+    pub lua_len: u32,
     /// `struct lrec_regs`.
     pub regs: Regs,
     pub kstack: [u64; MAX_KSTACK],
@@ -34,9 +36,90 @@ pub struct RawError {
     pub what: &'static str,
 }
 
+/// `struct lrec_lua_stack`, followed by `nframes` [`RawLuaFrame`]s.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawLuaStack {
+    pub g: u64,
+    pub l: u64,
+    pub cframe: u64,
+    pub vmstate: i32,
+    pub nframes: u16,
+    pub flags: u16,
+}
+
+/// `struct lrec_lua_frame`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawLuaFrame {
+    pub func: u64,
+    pub ptr: u64,
+    pub chunkname: u64,
+    pub cframe: u64,
+    pub firstline: i32,
+    pub numline: u32,
+    pub sizebc: u32,
+    pub pos: u32,
+    pub ffid: u8,
+    pub link: u8,
+    pub pad: [u8; 6],
+}
+
+/// `struct lrec_lua_config`: a LuaJIT layout, written into the `lua_config` map.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawLuaConfig {
+    pub vm_start: [u64; MAX_LUA_RANGES],
+    pub vm_end: [u64; MAX_LUA_RANGES],
+    pub gc64: u32,
+    pub g2disp: u32,
+    pub g_vmstate: u32,
+    pub g_cur_l: u32,
+    pub g_jit_base: u32,
+    pub l_glref: u32,
+    pub l_base: u32,
+    pub l_stack: u32,
+    pub l_cframe: u32,
+    pub l_maxstack: u32,
+    pub cf_size: u32,
+    pub cf_l: u32,
+    pub cf_pc: u32,
+    pub cf_prev: u32,
+    pub cf_nres: u32,
+    pub fn_ffid: u32,
+    pub fn_pc: u32,
+    pub fn_f: u32,
+    pub pt_size: u32,
+    pub pt_sizebc: u32,
+    pub pt_chunkname: u32,
+    pub pt_firstline: u32,
+}
+
+// SAFETY: plain old data without padding (asserted in the layout test).
+unsafe impl aya::Pod for RawLuaConfig {}
+
+pub const MAX_LUA_RANGES: usize = 4;
+// The Lua flag bits are the format's too.
+const _: () = assert!(lrec_format::lua_flags::TRUNCATED == 1);
+const _: () = assert!(lrec_format::lua_flags::BROKEN == 2);
+
+/// A sample's Lua stack as BPF walked it.
+#[derive(Debug, Clone, Default)]
+pub struct LuaWalk {
+    pub header: RawLuaStack,
+    pub frames: Vec<RawLuaFrame>,
+}
+
+fn read_pod<T: Copy>(bytes: &[u8], at: usize) -> Option<T> {
+    let b = bytes.get(at..at.checked_add(std::mem::size_of::<T>())?)?;
+    // SAFETY: T is a plain-old-data mirror of a C struct and `b` is long enough;
+    // read_unaligned does not need alignment.
+    Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast()) })
+}
+
 impl RawSample {
-    /// Decodes one ring-buffer record into a capture sample.
-    pub fn decode(bytes: &[u8]) -> Result<Sample, RawError> {
+    /// Decodes one ring-buffer record into a capture sample and its Lua stack, if any.
+    pub fn decode(bytes: &[u8]) -> Result<(Sample, Option<LuaWalk>), RawError> {
         let hdr = std::mem::size_of::<RawSample>();
         let err = |what| RawError {
             len: bytes.len(),
@@ -52,7 +135,22 @@ impl RawSample {
             .get(hdr..hdr + raw.stack_len as usize)
             .ok_or_else(|| err("stack_len runs past the record"))?;
         let k = (raw.kstack_len as usize).min(MAX_KSTACK);
-        Ok(Sample {
+        let lua = match raw.lua_len {
+            0 => None,
+            _ => {
+                let at = hdr + raw.lua_offset as usize;
+                let header: RawLuaStack =
+                    read_pod(bytes, at).ok_or_else(|| err("Lua stack runs past the record"))?;
+                let first = at + std::mem::size_of::<RawLuaStack>();
+                let size = std::mem::size_of::<RawLuaFrame>();
+                let frames = (0..header.nframes as usize)
+                    .map(|i| read_pod(bytes, first + i * size))
+                    .collect::<Option<Vec<RawLuaFrame>>>()
+                    .ok_or_else(|| err("Lua frames run past the record"))?;
+                Some(LuaWalk { header, frames })
+            }
+        };
+        let sample = Sample {
             time_ns: raw.time_ns,
             pid: raw.pid,
             tid: raw.tid,
@@ -61,7 +159,8 @@ impl RawSample {
             regs: raw.regs,
             user_stack: stack.to_vec(),
             kernel_stack: raw.kstack[..k].to_vec(),
-        })
+        };
+        Ok((sample, lua))
     }
 }
 
@@ -87,9 +186,19 @@ mod tests {
         assert_eq!(offset_of!(RawSample, flags), 20);
         assert_eq!(offset_of!(RawSample, stack_len), 24);
         assert_eq!(offset_of!(RawSample, kstack_len), 28);
-        assert_eq!(offset_of!(RawSample, regs), 32);
-        assert_eq!(offset_of!(RawSample, kstack), 32 + 144);
-        assert_eq!(size_of::<RawSample>(), 32 + 144 + 127 * 8);
+        assert_eq!(offset_of!(RawSample, lua_offset), 32);
+        assert_eq!(offset_of!(RawSample, lua_len), 36);
+        assert_eq!(offset_of!(RawSample, regs), 40);
+        assert_eq!(offset_of!(RawSample, kstack), 40 + 144);
+        assert_eq!(size_of::<RawSample>(), 40 + 144 + 127 * 8);
+        assert_eq!(size_of::<RawLuaStack>(), 32);
+        assert_eq!(size_of::<RawLuaFrame>(), 56);
+        assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
+        assert_eq!(offset_of!(RawLuaFrame, pos), 44);
+        assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 22 * 4);
+        assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
+        assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }
 
     #[test]
@@ -97,10 +206,11 @@ mod tests {
         let mut bytes = vec![0u8; size_of::<RawSample>() + 3];
         bytes[24] = 3; // stack_len
         bytes[28] = 1; // kstack_len
-        bytes[176..184].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes());
+        bytes[184..192].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes());
         let n = bytes.len();
         bytes[n - 3..].copy_from_slice(&[7, 8, 9]);
-        let s = RawSample::decode(&bytes).unwrap();
+        let (s, lua) = RawSample::decode(&bytes).unwrap();
+        assert!(lua.is_none());
         assert_eq!(s.user_stack, vec![7, 8, 9]);
         assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
         assert!(RawSample::decode(&bytes[..10]).is_err());

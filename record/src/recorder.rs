@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
 
 use crate::embedder::{Embedder, Job};
+use crate::luajit::{LuaJit, VmCode};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
 use crate::sampler::{Sampler, SamplerConfig};
@@ -87,6 +88,12 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.write_embedded(false)?;
+        for (pid, cfg) in rec.lua.take_configs() {
+            sampler.set_lua_config(pid, &cfg)?;
+        }
+        for msg in rec.lua.messages.drain(..) {
+            eprintln!("lrec: {msg}");
+        }
         if last_flush.elapsed() >= FLUSH_EVERY {
             rec.flush()?;
             last_flush = Instant::now();
@@ -181,6 +188,12 @@ struct Recording {
     embedder: Embedder,
     threads: HashMap<u32, String>,
     kernel_addrs: HashSet<u64>,
+    /// Executable mappings of the last maps read, with their binary's key.
+    exec_entries: Vec<(MapsEntry, Vec<u8>)>,
+    /// LuaJIT interpreters found in embedded binaries, by binary key, with the binary's
+    /// segments (to place them in each mapping).
+    vms: HashMap<Vec<u8>, (elf::LuaJitVm, Vec<lrec_format::Segment>)>,
+    lua: LuaJit,
     last_maps_read: Instant,
     samples: u64,
     lost: u64,
@@ -199,6 +212,9 @@ impl Recording {
             embedder: Embedder::new(),
             threads: HashMap::new(),
             kernel_addrs: HashSet::new(),
+            exec_entries: Vec::new(),
+            vms: HashMap::new(),
+            lua: LuaJit::default(),
             last_maps_read: Instant::now(),
             samples: 0,
             lost: 0,
@@ -218,7 +234,7 @@ impl Recording {
     }
 
     fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
-        let sample = RawSample::decode(bytes)?;
+        let (sample, walk) = RawSample::decode(bytes)?;
         if !self.threads.contains_key(&sample.tid) {
             self.note_thread(sample.tid)?;
         }
@@ -228,6 +244,13 @@ impl Recording {
         }
         self.kernel_addrs.extend(&sample.kernel_stack);
         self.samples += 1;
+        let lua = self.lua.on_sample(&sample, walk);
+        for r in self.lua.take_records() {
+            self.writer.push(&r)?;
+        }
+        if let Some(lua) = lua {
+            self.writer.push(&Record::LuaStack(lua))?;
+        }
         self.writer.push(&Record::Sample(sample))?;
         Ok(())
     }
@@ -284,6 +307,7 @@ impl Recording {
         let now = procfs::monotonic_ns();
         let mut current = HashSet::with_capacity(entries.len());
         let mut executable = Vec::new();
+        self.exec_entries.clear();
         for entry in entries {
             let key = MappingKey {
                 start: entry.start,
@@ -296,16 +320,29 @@ impl Recording {
             if entry.perms.contains('x') {
                 executable.push((entry.start, entry.end));
             }
-            if !self.written.contains(&key) {
-                let (build_id, memory) = self.identify(&entry);
+            let new = !self.written.contains(&key);
+            let (build_id, memory) = if new || entry.file_path().is_some() {
+                self.identify(&entry)
+            } else {
+                (None, None)
+            };
+            if new {
                 if entry.perms.contains('x') {
                     self.queue_embed(&entry, &build_id, memory);
                 }
-                self.writer
-                    .push(&Record::Mapping(entry.to_mapping(self.pid, now, build_id)))?;
+                self.writer.push(&Record::Mapping(entry.to_mapping(
+                    self.pid,
+                    now,
+                    build_id.clone(),
+                )))?;
+            }
+            if entry.perms.contains('x') {
+                let bkey = build_id.unwrap_or_else(|| entry.path.as_bytes().to_vec());
+                self.exec_entries.push((entry, bkey));
             }
             current.insert(key);
         }
+        self.place_vms();
         // Forget what is gone, so that it is written again if it comes back.
         self.written = current;
         executable.sort_unstable();
@@ -372,9 +409,43 @@ impl Recording {
             self.embedder.finished().collect()
         };
         for binary in done {
+            if let Some(vm) = elf::luajit_vm(&binary) {
+                let key = binary
+                    .build_id
+                    .clone()
+                    .unwrap_or_else(|| binary.path.as_bytes().to_vec());
+                self.vms.insert(key, (vm, binary.segments.clone()));
+                self.place_vms();
+            }
             self.writer.push(&Record::Binary(binary))?;
         }
         Ok(())
+    }
+
+    /// Tells the LuaJIT tracker where each known interpreter is mapped.
+    fn place_vms(&mut self) {
+        for (entry, key) in &self.exec_entries {
+            let Some((vm, segments)) = self.vms.get(key) else {
+                continue;
+            };
+            let avma = |svma: u64| -> Option<u64> {
+                let seg = segments
+                    .iter()
+                    .find(|s| svma >= s.vaddr && svma < s.vaddr + s.memsz.max(1))?;
+                let file_off = svma - seg.vaddr + seg.offset;
+                let len = entry.end - entry.start;
+                (file_off >= entry.offset && file_off < entry.offset + len)
+                    .then(|| entry.start + file_off - entry.offset)
+            };
+            if let (Some(start), Some(last)) = (avma(vm.start), avma(vm.end - 1)) {
+                let code = VmCode {
+                    start,
+                    end: last + 1,
+                    cframe_size: vm.cframe_size,
+                };
+                self.lua.add_vm(self.pid, &entry.path, code);
+            }
+        }
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -5,11 +5,13 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::UProbeScope;
 use aya::programs::{PerfEvent, UProbe};
 use aya::{Ebpf, EbpfLoader};
+
+use crate::raw::RawLuaConfig;
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
 static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
@@ -58,6 +60,7 @@ pub struct Sampler {
     _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
+    lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
     loader: Option<LoaderWatch>,
 }
 
@@ -126,6 +129,7 @@ impl Sampler {
         }
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
+        let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
         // A static program has no loader and nothing to watch.
         let loader = match LoaderWatch::attach(cfg.pid, &cfg.loaders) {
             Ok(w) => Some(w),
@@ -142,8 +146,19 @@ impl Sampler {
             _ebpf: ebpf,
             ring,
             lost,
+            lua_config,
             loader,
         })
+    }
+
+    /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
+    pub fn set_lua_config(&mut self, pid: u32, cfg: &RawLuaConfig) -> Result<(), SamplerError> {
+        self.lua_config
+            .insert(pid, cfg, 0)
+            .map_err(|source| SamplerError::Map {
+                name: "lua_config",
+                source,
+            })
     }
 
     /// Waits up to `timeout` for samples or news from the loader.

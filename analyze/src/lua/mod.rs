@@ -1,0 +1,165 @@
+//! Lua frames in native stacks: the one merge step, shared by the Lua VMs.
+//!
+//! A Lua VM runs Lua code inside native frames of its own (LuaJIT: the `lj_vm_*` frames
+//! entered by lua_call/lua_pcall/lua_resume, each with a C frame, its "cframe"). lrec
+//! records, with every Lua frame, the stack address of the native VM frame that runs it.
+//! Native unwinding yields each frame's stack pointer, so each Lua frame goes exactly in
+//! place of its VM frame: nginx → ngx_http_lua_* → lua_resume → handler → callee →
+//! string.gsub → (C) → callback. VM-specific labels live in [`luajit`].
+
+pub mod luajit;
+
+use lrec_format::{lua_frame_kind, LuaFrame, LuaStack};
+
+use crate::unwind::{CodeAddress, VmHint};
+
+/// One frame of a merged stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merged<'a> {
+    /// The native frame at this index of the unwound stack.
+    Native(usize),
+    Lua(&'a LuaFrame),
+    /// The VM's state when it is not running Lua code (garbage collector, JIT compiler).
+    State(&'static str),
+}
+
+/// The C frames of a Lua stack, ascending, for [`VmHint::cframes`].
+pub fn cframes(stack: &LuaStack, out: &mut Vec<u64>) {
+    out.clear();
+    out.extend(stack.frames.iter().map(|f| f.cframe).filter(|&c| c != 0));
+    if stack.cframe != 0 {
+        out.push(stack.cframe);
+    }
+    out.sort_unstable();
+    out.dedup();
+}
+
+/// Merges the native frames (leaf first, as unwound) with the Lua frames of the same
+/// sample into `out` (leaf first).
+///
+/// - A native VM frame whose stack pointer is a cframe is replaced by the Lua frames it
+///   ran (a VM frame running none, as lua_cpcall's, stays native).
+/// - VM code below the innermost cframe (helpers such as `lj_vm_floor`) and JIT-compiled
+///   code are the Lua frames' own work: dropped.
+/// - A C function the VM called directly is shown once, by its Lua frame (which names
+///   built-ins `string.gsub`, not by the symbol of their C implementation).
+/// - Lua frames whose VM frame the native unwinding did not reach (a stack cut short)
+///   are kept, outermost last.
+pub fn merge<'a>(
+    native: &[CodeAddress],
+    stack: &'a LuaStack,
+    vm: &VmHint,
+    is_jit_code: impl Fn(&CodeAddress) -> bool,
+    state: Option<&'static str>,
+    out: &mut Vec<Merged<'a>>,
+) {
+    out.clear();
+    // Segments of Lua frames run by one VM frame, innermost first.
+    let segments: Vec<&'a [LuaFrame]> =
+        stack.frames.chunk_by(|a, b| a.cframe == b.cframe).collect();
+    let mut placed = vec![false; segments.len()];
+    let mut state = state;
+    for (i, f) in native.iter().enumerate() {
+        let lookup = f.lookup_avma();
+        if vm.in_vm(lookup) {
+            if f.sp < vm.innermost {
+                continue;
+            }
+            let seg = segments.iter().position(|s| s[0].cframe == f.sp);
+            if let Some(k) = seg.filter(|&k| !placed[k]) {
+                placed[k] = true;
+                let seg = segments[k];
+                if seg[0].kind != lua_frame_kind::LUA
+                    && i > 0
+                    && out.last() == Some(&Merged::Native(i - 1))
+                {
+                    out.pop();
+                }
+                if let Some(s) = state.take() {
+                    out.push(Merged::State(s));
+                }
+                out.extend(seg.iter().map(Merged::Lua));
+                continue;
+            }
+        } else if is_jit_code(f) && f.sp < vm.innermost {
+            continue;
+        }
+        out.push(Merged::Native(i));
+    }
+    for (k, seg) in segments.iter().enumerate() {
+        if !placed[k] {
+            if let Some(s) = state.take() {
+                out.push(Merged::State(s));
+            }
+            out.extend(seg.iter().map(Merged::Lua));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native(avma: u64, sp: u64) -> CodeAddress {
+        CodeAddress {
+            avma,
+            is_return: true,
+            region: None,
+            sp,
+        }
+    }
+
+    fn lua(kind: u8, function: u32, cframe: u64) -> LuaFrame {
+        LuaFrame {
+            kind,
+            function,
+            cframe,
+            pos: u32::MAX,
+            ..LuaFrame::default()
+        }
+    }
+
+    #[test]
+    fn lua_frames_replace_their_vm_frames_and_c_functions_show_once() {
+        // main → lua_pcall → VM@0x1000 [chunk, caller, table.sort] → sort (C) → lua_call →
+        // VM@0x800 [comparator] → helper in the VM (leaf, below the cframe).
+        let vm_code = [(0x10_0000, 0x20_0000)];
+        let stack = LuaStack {
+            cframe: 0x800,
+            frames: vec![
+                lua(lua_frame_kind::LUA, 3, 0x800),
+                lua(lua_frame_kind::BUILTIN, 0, 0x1000),
+                lua(lua_frame_kind::LUA, 2, 0x1000),
+                lua(lua_frame_kind::LUA, 1, 0x1000),
+            ],
+            ..LuaStack::default()
+        };
+        let frames = [
+            native(0x10_0100, 0x7f8), // helper, leaf
+            native(0x10_0200, 0x800), // VM frame of the comparator
+            native(0x5000, 0x900),    // lua_call
+            native(0x6000, 0x980),    // sort's C implementation
+            native(0x10_0300, 0x1000),
+            native(0x7000, 0x1100), // lua_pcall
+        ];
+        let mut cf = Vec::new();
+        cframes(&stack, &mut cf);
+        assert_eq!(cf, [0x800, 0x1000]);
+        let hint = VmHint {
+            code: &vm_code,
+            cframes: &cf,
+            innermost: 0x800,
+        };
+        let mut out = Vec::new();
+        merge(&frames, &stack, &hint, |_| false, None, &mut out);
+        let lua_ids: Vec<String> = out
+            .iter()
+            .map(|m| match m {
+                Merged::Native(i) => format!("n{i}"),
+                Merged::Lua(f) => format!("l{}k{}", f.function, f.kind),
+                Merged::State(s) => s.to_string(),
+            })
+            .collect();
+        assert_eq!(lua_ids, ["l3k0", "n2", "l0k2", "l2k0", "l1k0", "n5"]);
+    }
+}

@@ -1,0 +1,360 @@
+/* LuaJIT 2.1: finds the sampled thread's running lua_State and walks its Lua frames,
+ * across the coroutines that resumed one another, into struct lrec_lua_frame records.
+ * Included by sample.bpf.c. The layout of the build comes from lrec (lua_config map),
+ * which validated it against the live process; nothing here assumes one.
+ *
+ * The walk follows lj_debug_frame (lj_debug.c) and attributes each frame to the VM's
+ * native C frame (cframe) that runs it as err_unwind (lj_err.c) does, so lanalyze can put
+ * every Lua frame in place of the native lj_vm_* frame that ran it. */
+#ifndef LREC_LUAJIT_H
+#define LREC_LUAJIT_H
+
+#include "sample.h"
+
+#define LJ_FRAME_LUA 0
+#define LJ_FRAME_C 1
+#define LJ_FRAME_CONT 2
+#define LJ_FRAME_VARG 3
+#define LJ_FRAME_CP 5
+#define LJ_FRAME_PCALL 6
+#define LJ_GCT_FUNC 8 /* ~LJ_TFUNC, in GCHeader.gct */
+#define LJ_GCVMASK ((1ULL << 47) - 1)
+/* Iterations of the walk: frames plus skipped dummy/vararg frames and coroutine hops. */
+#define LREC_LUA_MAX_STEPS (2 * LREC_LUA_MAX_FRAMES)
+/* Stack slots scanned for a return address into the VM when no register names G. */
+#define LREC_LUA_SCAN_SLOTS 1024
+
+/* Per-process layouts, set by lrec once validated. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct lrec_lua_config);
+} lua_config SEC(".maps");
+
+/* The VM each thread ran at its last sample: a candidate, revalidated every time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u64);
+} lua_thread_vm SEC(".maps");
+
+/* The walk's state: too big for the 512-byte BPF stack, and shared with bpf_loop
+ * callbacks. */
+struct lua_work {
+	struct lrec_lua_config cfg;
+	__u64 sp, window;   /* a running VM's cframe lies in [sp, sp + window) */
+	__u64 g, l, cf, cf_last;
+	__u64 frame, bot, stack;
+	__u64 pc;           /* the current PC of the next Lua frame, 0 when unknown */
+	__u32 cpu;
+	__u32 out;          /* byte offset of the next frame in the sample's data */
+	__u32 n;
+	__u32 flags;
+	__u32 scanned;      /* stack slots scanned so far */
+	__u32 copied;       /* stack bytes copied for the sample */
+	__u8 fn[72];        /* the GCfunc being read (and 8 bytes of slack) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lua_work);
+} lua_work_map SEC(".maps");
+
+static __always_inline struct lua_work *lua_work(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&lua_work_map, &zero);
+}
+
+static __always_inline __u64 rd64(__u64 addr)
+{
+	__u64 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+static __always_inline __u32 rd32(__u64 addr)
+{
+	__u32 v = 0;
+	bpf_probe_read_user(&v, sizeof(v), (void *)addr);
+	return v;
+}
+
+/* A GCRef or MRef: 64 bits in GC64 builds, 32 bits otherwise. */
+static __always_inline __u64 rdref(struct lua_work *w, __u64 addr)
+{
+	return w->cfg.gc64 ? rd64(addr) : rd32(addr);
+}
+
+static __always_inline int in_vm(struct lua_work *w, __u64 ip)
+{
+	for (int i = 0; i < LREC_LUA_MAX_RANGES; i++)
+		if (ip >= w->cfg.vm_start[i] && ip < w->cfg.vm_end[i])
+			return 1;
+	return 0;
+}
+
+/* G is the VM this thread runs when its current lua_State belongs to G and that state's
+ * innermost C frame lies on this thread's stack just above sp. An idle VM (cframe 0),
+ * or one that another thread runs, fails. */
+static __always_inline int lua_try(struct lua_work *w, __u64 g)
+{
+	if (!g)
+		return 0;
+	__u64 l = rdref(w, g + w->cfg.g_cur_l);
+	if (!l || rdref(w, l + w->cfg.l_glref) != g)
+		return 0;
+	__u64 cf = rd64(l + w->cfg.l_cframe) & ~3ULL;
+	if (cf < w->sp || cf >= w->sp + w->window)
+		return 0;
+	w->g = g;
+	w->l = l;
+	w->cf = cf;
+	return 1;
+}
+
+/* One slot of the scan: a return address into the VM sits just below the C frame of the
+ * VM that made the call; that frame's SAVE_L names the state, whose glref names G. */
+static long lua_scan_slot(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w)
+		return 1;
+	__u32 off = w->scanned * 8;
+	w->scanned++;
+	if (off + 8 > w->copied)
+		return 1;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b)
+		return 1;
+	__u64 v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
+	if (!in_vm(w, v))
+		return 0;
+	__u64 cf = w->sp + off + 8;
+	__u64 l = rdref(w, cf + w->cfg.cf_l);
+	if (!l)
+		return 0;
+	return lua_try(w, rdref(w, l + w->cfg.l_glref));
+}
+
+/* Finds G for this thread: DISPATCH in r14 (interpreter, GC64 traces, and C code that
+ * left r14 alone), the VM this thread ran last time, or a VM return address on the
+ * stack (C code called from the VM). */
+static __always_inline int lua_find(struct lua_work *w, struct lrec_regs *r, __u32 tid)
+{
+	__u64 disp = w->cfg.gc64 ? r->r14 : (__u32)r->r14;
+	if (disp > w->cfg.g2disp && lua_try(w, disp - w->cfg.g2disp))
+		return 1;
+	__u64 *last = bpf_map_lookup_elem(&lua_thread_vm, &tid);
+	if (last && lua_try(w, *last))
+		return 1;
+	w->scanned = 0;
+	bpf_loop(LREC_LUA_SCAN_SLOTS, lua_scan_slot, NULL, 0);
+	return w->g != 0;
+}
+
+/* The PC saved in a C frame (where the VM left its Lua code for C). */
+static __always_inline __u64 cframe_pc(struct lua_work *w, __u64 cf)
+{
+	return rdref(w, cf + w->cfg.cf_pc);
+}
+
+/* Starts walking state l from base, the first frame's PC being pc (0: unknown). */
+static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 base, __u64 pc)
+{
+	w->l = l;
+	w->stack = rdref(w, l + w->cfg.l_stack);
+	w->bot = w->stack + (w->cfg.gc64 ? 8 : 0);
+	w->frame = base - 8;
+	w->pc = pc;
+}
+
+/* At the bottom of a coroutine: coroutine.resume and coroutine.wrap's functions call
+ * vm_resume from the resumer's VM frame, whose C frame lies right above the
+ * coroutine's first one and names the resumer in SAVE_L. A coroutine resumed from C
+ * (lua_resume) has C code there instead, and the walk ends. */
+static __always_inline int lua_parent(struct lua_work *w)
+{
+	__u64 pcf = w->cf_last + w->cfg.cf_size;
+	__u64 pl = rdref(w, pcf + w->cfg.cf_l);
+	if (!pl || pl == w->l || rdref(w, pl + w->cfg.l_glref) != w->g)
+		return 0;
+	if ((rd64(pl + w->cfg.l_cframe) & ~3ULL) != pcf)
+		return 0;
+	w->cf = pcf;
+	w->cf_last = pcf;
+	lua_start(w, pl, rd64(pl + w->cfg.l_base), 0);
+	return 1;
+}
+
+/* One step of the walk: emits the frame at w->frame and moves to the one below. */
+static long lua_step(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w)
+		return 1;
+	if (w->n >= LREC_LUA_MAX_FRAMES) {
+		w->flags |= LREC_LUA_TRUNCATED;
+		return 1;
+	}
+	if (w->frame <= w->bot)
+		return lua_parent(w) ? 0 : 1;
+	struct lrec_lua_config *c = &w->cfg;
+	__u64 func, link;
+	if (c->gc64) {
+		link = rd64(w->frame);
+		func = rd64(w->frame - 8) & LJ_GCVMASK;
+	} else {
+		__u64 slot = rd64(w->frame);
+		func = (__u32)slot;
+		link = (__u64)(__s64)(__s32)(slot >> 32);
+	}
+	__u64 type = link & 3, typep = link & 7;
+	__u64 delta = link & ~7ULL;
+	/* C frames without a Lua frame of their own (cpcall: lua_load, the trace
+	 * recorder) end below the stack top they saved. */
+	for (int k = 0; k < 4; k++) {
+		__s32 nres = (__s32)rd32(w->cf + c->cf_nres);
+		if (nres >= 0 || w->frame >= w->stack + (__u64)(-(__s64)nres))
+			break;
+		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
+		if (!prev)
+			break;
+		w->cf = prev;
+		w->cf_last = prev;
+	}
+	/* Dummy frames (lj_err_optype_call) and vararg pseudo-frames are no calls. */
+	if (func == w->l || (type != LJ_FRAME_LUA && typep == LJ_FRAME_VARG)) {
+		if (!delta)
+			return 1;
+		w->frame -= delta;
+		return 0;
+	}
+	__u8 *fn = w->fn;
+	if (bpf_probe_read_user(fn, 64, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b)
+		return 1;
+	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
+	f->func = func;
+	f->cframe = w->cf;
+	f->ffid = fn[c->fn_ffid & 63];
+	f->link = typep;
+	f->pos = ~0U;
+	f->chunkname = 0;
+	f->firstline = 0;
+	f->numline = 0;
+	f->sizebc = 0;
+	if (f->ffid == 0) {
+		__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
+		__u64 pt = bc - c->pt_size;
+		f->ptr = pt;
+		f->chunkname = rdref(w, pt + c->pt_chunkname);
+		f->firstline = (__s32)rd32(pt + c->pt_firstline);
+		f->numline = rd32(pt + c->pt_firstline + 4);
+		f->sizebc = rd32(pt + c->pt_sizebc);
+		if (w->pc > bc && w->pc - bc < (1ULL << 26))
+			f->pos = (__u32)((w->pc - bc) / 4) - 1;
+	} else {
+		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
+	}
+	w->out += sizeof(struct lrec_lua_frame);
+	w->n++;
+
+	if (type == LJ_FRAME_LUA) {
+		/* The caller runs at the return PC; the call's A operand sizes its frame. */
+		__u64 pc = c->gc64 ? link : (__u32)link;
+		__u32 ins = rd32(pc - 4);
+		w->pc = pc;
+		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + ((ins >> 8) & 0xff));
+		return 0;
+	}
+	if (!delta)
+		return 1;
+	w->pc = 0;
+	if (typep == LJ_FRAME_CONT)
+		/* A metamethod called by the VM: the caller's PC is kept in the frame. */
+		w->pc = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
+	if (typep == LJ_FRAME_C || typep == LJ_FRAME_CP) {
+		/* Called from C through lua_call/lua_pcall/lua_resume: the frames below run in
+		 * the previous C frame of the VM. */
+		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
+		if (prev) {
+			w->cf = prev;
+			w->cf_last = prev;
+			w->pc = cframe_pc(w, prev);
+		}
+	}
+	w->frame -= delta;
+	return 0;
+}
+
+/* Appends the sample's Lua stack after its stack bytes, when the thread runs a known
+ * LuaJIT VM. Returns the bytes written. */
+static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r, __u32 tgid,
+				       __u32 tid, __u32 cpu, __u32 offset)
+{
+	struct lrec_lua_config *cfg = bpf_map_lookup_elem(&lua_config, &tgid);
+	if (!cfg || !r->sp)
+		return 0;
+	struct lua_work *w = lua_work();
+	if (!w)
+		return 0;
+	__builtin_memcpy(&w->cfg, cfg, sizeof(*cfg));
+	w->sp = r->sp;
+	w->window = b->s.stack_len ? b->s.stack_len : LREC_PAGE_SIZE;
+	w->copied = b->s.stack_len;
+	w->cpu = cpu;
+	w->g = 0;
+	w->n = 0;
+	w->flags = 0;
+	if (!lua_find(w, r, tid))
+		return 0;
+	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);
+	w->cf_last = w->cf;
+
+	/* The live base: jit_base in a trace, BASE (rdx) and PC (rbx) in the interpreter,
+	 * L->base and the C frame's saved PC once the VM called C. */
+	__s32 vmstate = (__s32)rd32(w->g + w->cfg.g_vmstate);
+	__u64 base, pc;
+	if (vmstate >= 0) {
+		base = rdref(w, w->g + w->cfg.g_jit_base);
+		pc = 0;
+	} else if (in_vm(w, r->ip)) {
+		base = w->cfg.gc64 ? r->dx : (__u32)r->dx;
+		pc = w->cfg.gc64 ? r->bx : (__u32)r->bx;
+	} else {
+		base = rd64(w->l + w->cfg.l_base);
+		pc = cframe_pc(w, w->cf);
+	}
+	__u64 stack = rdref(w, w->l + w->cfg.l_stack);
+	__u64 maxstack = rdref(w, w->l + w->cfg.l_maxstack);
+	if (base <= stack || base > maxstack || (base & 7)) {
+		base = rd64(w->l + w->cfg.l_base);
+		pc = cframe_pc(w, w->cf);
+	}
+	__u64 l0 = w->l, cf0 = w->cf;
+	lua_start(w, w->l, base, pc);
+	w->out = offset + sizeof(struct lrec_lua_stack);
+	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
+	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)
+		w->flags |= LREC_LUA_TRUNCATED;
+
+	struct lrec_lua_stack *h = (void *)&b->data[offset & (LREC_DATA_SIZE - 1)];
+	h->g = w->g;
+	h->l = l0;
+	h->cframe = cf0;
+	h->vmstate = vmstate;
+	h->nframes = w->n;
+	h->flags = w->flags;
+	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+}
+
+#endif

@@ -1,0 +1,506 @@
+//! LuaJIT 2.1 in the target: finds the interpreter in mapped binaries, tells the build's
+//! layout by validating candidates against the live process, configures the BPF walker
+//! (ebpf/luajit.h) per process, and turns the frames it walks into capture records,
+//! writing each function prototype's names and lines once.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
+
+use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, MAX_LUA_RANGES};
+
+/// Samples in the interpreter that must agree on a layout before it is used.
+const VOTES_NEEDED: u32 = 3;
+/// Samples in the interpreter after which an unidentified layout is given up.
+const TRIES_BEFORE_GIVING_UP: u32 = 200;
+/// Longest chunk name read.
+const MAX_CHUNKNAME: usize = 4096;
+/// Most bytecode positions of a proto whose lines are read.
+const MAX_SIZEBC: u32 = 1 << 20;
+
+/// One LuaJIT build's layout: offsets in bytes, from its headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub name: &'static str,
+    pub gc64: bool,
+    pub g2disp: u32,
+    pub g_vmstate: u32,
+    pub g_cur_l: u32,
+    pub g_jit_base: u32,
+    pub l_glref: u32,
+    pub l_base: u32,
+    pub l_maxstack: u32,
+    pub l_stack: u32,
+    pub l_cframe: u32,
+    pub fn_ffid: u32,
+    pub fn_pc: u32,
+    pub fn_f: u32,
+    pub pt_size: u32,
+    pub pt_sizebc: u32,
+    pub pt_chunkname: u32,
+    pub pt_firstline: u32,
+    pub pt_lineinfo: u32,
+    /// GCstr: offset of `len`, and of the text (sizeof(GCstr)).
+    pub str_len: u32,
+    pub str_data: u32,
+    pub builtins: &'static [&'static str],
+}
+
+const GC64: Layout = Layout {
+    name: "upstream-gc64",
+    gc64: true,
+    g2disp: 4000,
+    g_vmstate: 184,
+    g_cur_l: 376,
+    g_jit_base: 384,
+    l_glref: 16,
+    l_base: 32,
+    l_maxstack: 48,
+    l_stack: 56,
+    l_cframe: 80,
+    fn_ffid: 10,
+    fn_pc: 32,
+    fn_f: 40,
+    pt_size: 104,
+    pt_sizebc: 12,
+    pt_chunkname: 64,
+    pt_firstline: 72,
+    pt_lineinfo: 80,
+    str_len: 20,
+    str_data: 24,
+    builtins: crate::luajit_builtins::UPSTREAM,
+};
+
+const GC32: Layout = Layout {
+    name: "upstream-gc32",
+    gc64: false,
+    g2disp: 3208,
+    g_vmstate: 136,
+    g_cur_l: 296,
+    g_jit_base: 300,
+    l_glref: 8,
+    l_base: 16,
+    l_maxstack: 32,
+    l_stack: 36,
+    l_cframe: 48,
+    fn_ffid: 6,
+    fn_pc: 16,
+    fn_f: 24,
+    pt_size: 64,
+    pt_sizebc: 8,
+    pt_chunkname: 40,
+    pt_firstline: 44,
+    pt_lineinfo: 52,
+    str_len: 16,
+    str_data: 20,
+    builtins: crate::luajit_builtins::UPSTREAM,
+};
+
+/// The layouts known, tried in order against the live process.
+pub const LAYOUTS: &[Layout] = &[
+    GC64,
+    Layout {
+        name: "openresty-gc64",
+        g2disp: 4008,
+        g_cur_l: 368,
+        g_jit_base: 376,
+        builtins: crate::luajit_builtins::OPENRESTY,
+        ..GC64
+    },
+    GC32,
+    Layout {
+        name: "openresty-gc32",
+        g2disp: 3216,
+        g_cur_l: 288,
+        g_jit_base: 292,
+        builtins: crate::luajit_builtins::OPENRESTY,
+        ..GC32
+    },
+];
+
+/// The interpreter's code in one mapped binary, as found in its .eh_frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmCode {
+    pub start: u64,
+    pub end: u64,
+    /// CFRAME_SIZE: the CFA offset of the VM's frame.
+    pub cframe_size: u32,
+}
+
+enum Detection {
+    /// Votes per layout index.
+    Pending {
+        votes: Vec<u32>,
+        tries: u32,
+    },
+    Ready(usize),
+    Failed,
+}
+
+struct ProcessVm {
+    path: String,
+    code: Vec<VmCode>,
+    detection: Detection,
+    mem: Option<File>,
+}
+
+#[derive(Hash, PartialEq, Eq)]
+struct ProtoKey {
+    pid: u32,
+    ptr: u64,
+    chunkname: u64,
+    firstline: i32,
+    numline: u32,
+    sizebc: u32,
+}
+
+/// LuaJIT state of every recorded process.
+#[derive(Default)]
+pub struct LuaJit {
+    procs: HashMap<u32, ProcessVm>,
+    protos: HashMap<ProtoKey, Option<u32>>,
+    next_proto: u32,
+    /// BPF configurations to install: (pid, config).
+    configs: Vec<(u32, RawLuaConfig)>,
+    /// Records to write before the next sample.
+    records: Vec<Record>,
+    /// One-line messages for the user.
+    pub messages: Vec<String>,
+}
+
+impl LuaJit {
+    /// Notes an interpreter mapped in `pid` (from `path`).
+    pub fn add_vm(&mut self, pid: u32, path: &str, code: VmCode) {
+        let p = self.procs.entry(pid).or_insert_with(|| ProcessVm {
+            path: path.to_string(),
+            code: Vec::new(),
+            detection: Detection::Pending {
+                votes: vec![0; LAYOUTS.len()],
+                tries: 0,
+            },
+            mem: File::open(format!("/proc/{pid}/mem")).ok(),
+        });
+        if p.code.contains(&code) || p.code.len() >= MAX_LUA_RANGES {
+            return;
+        }
+        p.code.push(code);
+        if let Detection::Ready(i) = p.detection {
+            // A second copy of the VM (another library): the walker must know it too.
+            let cfg = config(&LAYOUTS[i], &p.code);
+            self.configs.push((pid, cfg));
+        }
+    }
+
+    /// BPF configurations that became known since the last call.
+    pub fn take_configs(&mut self) -> Vec<(u32, RawLuaConfig)> {
+        std::mem::take(&mut self.configs)
+    }
+
+    /// Records (runtimes, protos) to write before the sample at hand.
+    pub fn take_records(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.records)
+    }
+
+    /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
+    /// frames BPF walked into a capture record.
+    pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
+        let p = self.procs.get_mut(&sample.pid)?;
+        if let Detection::Pending { .. } = p.detection {
+            self.vote(sample);
+            return None;
+        }
+        let walk = walk?;
+        let Detection::Ready(layout) = p.detection else {
+            return None;
+        };
+        let layout = &LAYOUTS[layout];
+        let frames = walk
+            .frames
+            .iter()
+            .map(|f| self.frame(sample.pid, layout, f))
+            .collect();
+        Some(LuaStack {
+            pid: sample.pid,
+            tid: sample.tid,
+            time_ns: sample.time_ns,
+            vm: walk.header.g,
+            state: walk.header.l,
+            cframe: walk.header.cframe,
+            vmstate: walk.header.vmstate,
+            flags: u32::from(walk.header.flags),
+            frames,
+        })
+    }
+
+    fn frame(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> LuaFrame {
+        let (kind, function, address) = match f.ffid {
+            0 => (lua_frame_kind::LUA, self.proto(pid, layout, f), 0),
+            1 => (lua_frame_kind::C, u32::MAX, f.ptr),
+            _ => (lua_frame_kind::BUILTIN, u32::MAX, f.ptr),
+        };
+        LuaFrame {
+            kind,
+            builtin: f.ffid,
+            link: f.link,
+            function,
+            address,
+            pos: f.pos,
+            cframe: f.cframe,
+        }
+    }
+
+    /// The id of a frame's proto, reading and writing it the first time. A proto freed
+    /// and replaced at the same address differs in its chunk name, lines or size, and
+    /// gets a new id; one that cannot be read gets `u32::MAX`.
+    fn proto(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> u32 {
+        let key = ProtoKey {
+            pid,
+            ptr: f.ptr,
+            chunkname: f.chunkname,
+            firstline: f.firstline,
+            numline: f.numline,
+            sizebc: f.sizebc,
+        };
+        if let Some(id) = self.protos.get(&key) {
+            return id.unwrap_or(u32::MAX);
+        }
+        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
+        let read = mem.and_then(|m| read_proto(m, layout, f));
+        let id = read.map(|mut proto| {
+            let id = self.next_proto;
+            self.next_proto += 1;
+            proto.pid = pid;
+            proto.id = id;
+            self.records.push(Record::LuaProto(proto));
+            id
+        });
+        self.protos.insert(key, id);
+        id.unwrap_or(u32::MAX)
+    }
+
+    fn vote(&mut self, sample: &Sample) {
+        let Some(p) = self.procs.get_mut(&sample.pid) else {
+            return;
+        };
+        let ip = sample.regs.ip;
+        let in_vm = p.code.iter().any(|c| ip >= c.start && ip < c.end);
+        let Detection::Pending { votes, tries } = &mut p.detection else {
+            return;
+        };
+        let Some(mem) = &p.mem else {
+            return;
+        };
+        // Only samples in the interpreter count against a layout: a VM that never runs
+        // during the recording is not an unknown one.
+        *tries += u32::from(in_vm);
+        for (i, layout) in LAYOUTS.iter().enumerate() {
+            let by_register = validates(mem, layout, sample.regs.r14);
+            if by_register || on_stack(mem, layout, sample) {
+                votes[i] += 1;
+            }
+        }
+        let best = (0..votes.len()).max_by_key(|&i| votes[i]).unwrap_or(0);
+        let total: u32 = votes.iter().sum();
+        if votes[best] >= VOTES_NEEDED && votes[best] == total {
+            p.detection = Detection::Ready(best);
+            let layout = &LAYOUTS[best];
+            self.configs.push((sample.pid, config(layout, &p.code)));
+            self.records
+                .push(Record::LuaRuntime(runtime(sample.pid, p, Some(layout))));
+        } else if *tries >= TRIES_BEFORE_GIVING_UP {
+            p.detection = Detection::Failed;
+            let mut r = runtime(sample.pid, p, None);
+            let msg = format!(
+                "pid {}: found a LuaJIT interpreter in {}, but its memory layout matches none \
+                 of the known ones ({}); recording native stacks only",
+                sample.pid,
+                p.path,
+                LAYOUTS
+                    .iter()
+                    .map(|l| l.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            r.error = Some(msg.clone());
+            self.messages.push(msg);
+            self.records.push(Record::LuaRuntime(r));
+        }
+    }
+}
+
+fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
+    let code = p.code.first().copied().unwrap_or(VmCode {
+        start: 0,
+        end: 0,
+        cframe_size: 0,
+    });
+    LuaRuntime {
+        pid,
+        vm: "LuaJIT 2.1".into(),
+        layout: layout.map(|l| l.name.to_string()).unwrap_or_default(),
+        path: p.path.clone(),
+        vm_start: code.start,
+        vm_end: code.end,
+        cframe_size: code.cframe_size,
+        builtins: layout
+            .map(|l| l.builtins.iter().map(|s| s.to_string()).collect())
+            .unwrap_or_default(),
+        error: None,
+    }
+}
+
+/// The BPF walker's configuration for a layout and the interpreter ranges of a process.
+pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
+    let mut c = RawLuaConfig {
+        gc64: u32::from(l.gc64),
+        g2disp: l.g2disp,
+        g_vmstate: l.g_vmstate,
+        g_cur_l: l.g_cur_l,
+        g_jit_base: l.g_jit_base,
+        l_glref: l.l_glref,
+        l_base: l.l_base,
+        l_stack: l.l_stack,
+        l_cframe: l.l_cframe,
+        l_maxstack: l.l_maxstack,
+        cf_size: code.first().map_or(80, |c| c.cframe_size),
+        // CFRAME_OFS_* for x64 System V (lj_frame.h).
+        cf_l: if l.gc64 { 16 } else { 24 },
+        cf_pc: if l.gc64 { 24 } else { 28 },
+        cf_prev: 32,
+        cf_nres: if l.gc64 { 8 } else { 16 },
+        fn_ffid: l.fn_ffid,
+        fn_pc: l.fn_pc,
+        fn_f: l.fn_f,
+        pt_size: l.pt_size,
+        pt_sizebc: l.pt_sizebc,
+        pt_chunkname: l.pt_chunkname,
+        pt_firstline: l.pt_firstline,
+        ..RawLuaConfig::default()
+    };
+    for (i, r) in code.iter().take(MAX_LUA_RANGES).enumerate() {
+        c.vm_start[i] = r.start;
+        c.vm_end[i] = r.end;
+    }
+    c
+}
+
+fn read_u64(mem: &File, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    mem.read_exact_at(&mut b, addr).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+fn read_u32(mem: &File, addr: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    mem.read_exact_at(&mut b, addr).ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
+    if l.gc64 {
+        read_u64(mem, addr)
+    } else {
+        read_u32(mem, addr).map(u64::from)
+    }
+}
+
+/// Whether `r14` (DISPATCH while the interpreter runs) points into a VM of this layout:
+/// G = DISPATCH - GG_G2DISP, its current state's `glref` must lead back to G, and its
+/// `vmstate` must be a trace number or one of the LJ_VMST_* states.
+fn validates(mem: &File, l: &Layout, r14: u64) -> bool {
+    let disp = if l.gc64 { r14 } else { r14 & 0xffff_ffff };
+    let Some(g) = disp.checked_sub(u64::from(l.g2disp)).filter(|&g| g != 0) else {
+        return false;
+    };
+    let check = || -> Option<bool> {
+        let cur_l = read_ref(mem, l, g + u64::from(l.g_cur_l))?;
+        let glref = read_ref(mem, l, cur_l + u64::from(l.l_glref))?;
+        let vmstate = read_u32(mem, g + u64::from(l.g_vmstate))? as i32;
+        Some(cur_l != 0 && glref == g && (-8..1 << 20).contains(&vmstate))
+    };
+    check().unwrap_or(false)
+}
+
+/// Whether the sample's stack holds a C frame of a VM of this layout (JIT-compiled code
+/// of GC32 builds keeps no DISPATCH in r14): a slot whose SAVE_L names a state whose
+/// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
+fn on_stack(mem: &File, l: &Layout, sample: &Sample) -> bool {
+    let cf_l = if l.gc64 { 16 } else { 24 };
+    let width = if l.gc64 { 8 } else { 4 };
+    let stack = &sample.user_stack;
+    (0..stack.len().saturating_sub(cf_l + width))
+        .step_by(16)
+        .any(|off| {
+            let raw = &stack[off + cf_l..off + cf_l + width];
+            let state = match l.gc64 {
+                true => u64::from_le_bytes(raw.try_into().unwrap()),
+                false => u64::from(u32::from_le_bytes(raw.try_into().unwrap())),
+            };
+            if state == 0 || state & 7 != 0 || state >> 47 != 0 {
+                return false;
+            }
+            let cf = sample.regs.sp + off as u64;
+            read_u64(mem, state + u64::from(l.l_cframe)).is_some_and(|c| c & !3 == cf)
+                && read_ref(mem, l, state + u64::from(l.l_glref))
+                    .is_some_and(|g| validates(mem, l, g + u64::from(l.g2disp)))
+        })
+}
+
+/// Reads a proto's chunk name and line table, checking that it still is the proto BPF
+/// saw (the same chunk name, first line, line count and size).
+fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
+    let pt = f.ptr;
+    let chunkname = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
+    let firstline = read_u32(mem, pt + u64::from(l.pt_firstline))? as i32;
+    let numline = read_u32(mem, pt + u64::from(l.pt_firstline) + 4)?;
+    let sizebc = read_u32(mem, pt + u64::from(l.pt_sizebc))?;
+    if (chunkname, firstline, numline, sizebc) != (f.chunkname, f.firstline, f.numline, f.sizebc)
+        || sizebc > MAX_SIZEBC
+    {
+        return None;
+    }
+    let len = read_u32(mem, chunkname + u64::from(l.str_len))? as usize;
+    let mut text = vec![0u8; len.min(MAX_CHUNKNAME)];
+    mem.read_exact_at(&mut text, chunkname + u64::from(l.str_data))
+        .ok()?;
+    let lineinfo = read_ref(mem, l, pt + u64::from(l.pt_lineinfo))?;
+    Some(LuaProto {
+        pid: 0,
+        id: 0,
+        chunkname: String::from_utf8_lossy(&text).into_owned(),
+        firstline,
+        numline,
+        lines: read_lines(mem, lineinfo, firstline, numline, sizebc),
+    })
+}
+
+/// The line of each bytecode position, as lj_debug_line computes it: the header is the
+/// first line, `sizebc` the last, and lineinfo holds offsets from the first line of
+/// the others, in bytes, halfwords or words depending on the line count.
+fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
+    let first = firstline.max(0) as u32;
+    let width = match numline {
+        0..=255 => 1,
+        256..=65535 => 2,
+        _ => 4,
+    };
+    let n = sizebc.saturating_sub(1) as usize;
+    let mut raw = vec![0u8; n * width];
+    if lineinfo == 0 || mem.read_exact_at(&mut raw, lineinfo).is_err() {
+        return Vec::new();
+    }
+    let mut lines = Vec::with_capacity(n + 2);
+    lines.push(first);
+    lines.extend(raw.chunks_exact(width).map(|c| {
+        first
+            + match width {
+                1 => u32::from(c[0]),
+                2 => u32::from(u16::from_le_bytes([c[0], c[1]])),
+                _ => u32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            }
+    }));
+    lines.push(first + numline);
+    lines
+}
