@@ -14,8 +14,17 @@
 char LICENSE[] SEC("license") = "GPL";
 
 /* Set by lrec before load. */
-const volatile __u32 target_tgid = 0;
 const volatile __u32 stack_size = 16384;
+/* Also record the processes the targets fork (pre-fork servers work in children). */
+const volatile __u32 follow_children = 1;
+
+/* The processes recorded (tgid → 1): filled by lrec, and by fork() below. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u32);
+} targets SEC(".maps");
 
 /* Userspace wakes only past a quarter full: per-record wakeups cost ~6 us each. */
 const volatile __u64 wakeup_bytes = 1 << 20;
@@ -62,6 +71,8 @@ struct thread_struct___lrec {
 } __attribute__((preserve_access_index));
 
 struct task_struct___lrec {
+	int pid;
+	int tgid;
 	struct mm_struct___lrec *mm;
 	struct thread_struct___lrec thread;
 } __attribute__((preserve_access_index));
@@ -135,8 +146,9 @@ SEC("perf_event")
 int sample(struct bpf_perf_event_data *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	/* Per-CPU events see every process: keep the target's threads only. */
-	if ((__u32)(id >> 32) != target_tgid)
+	/* Per-CPU events see every process: keep the targets' threads only. */
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&targets, &tgid))
 		return 0;
 
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -212,5 +224,31 @@ int sample(struct bpf_perf_event_data *ctx)
 			      : BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_output(&samples, b, size, flags))
 		count_lost();
+	return 0;
+}
+
+/* A target forked a process: record it from its first instruction on. (Here, not in a
+ * file of its own, because it shares the targets map with the sampler.) */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	struct task_struct___lrec *p = (void *)parent, *c = (void *)child;
+	__u32 ptgid = BPF_CORE_READ(p, tgid), ctgid = BPF_CORE_READ(c, tgid);
+	if (!follow_children || ptgid == ctgid || !bpf_map_lookup_elem(&targets, &ptgid))
+		return 0;
+	__u32 one = 1;
+	bpf_map_update_elem(&targets, &ctgid, &one, BPF_ANY);
+	return 0;
+}
+
+/* A recorded process exited: forget it, so a process that reuses its pid is not
+ * recorded. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *task)
+{
+	struct task_struct___lrec *t = (void *)task;
+	__u32 pid = BPF_CORE_READ(t, pid), tgid = BPF_CORE_READ(t, tgid);
+	if (pid == tgid)
+		bpf_map_delete_elem(&targets, &tgid);
 	return 0;
 }

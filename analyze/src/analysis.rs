@@ -17,7 +17,8 @@ use crate::image::{basename, Image};
 use crate::lua::{self, luajit, Merged};
 use crate::metadata::{read_metadata, BinaryKey, Metadata};
 use crate::profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaVmInfo, Profile, ProfileSample, Stats, Thread,
+    Warning,
 };
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
 use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache, VmHint};
@@ -586,6 +587,23 @@ fn assemble(
             }
         }
     }
+    let mut lua_vms: Vec<LuaVmInfo> = meta
+        .lua_runtimes
+        .values()
+        .map(|r| LuaVmInfo {
+            pid: r.pid,
+            vm: r.vm.clone(),
+            layout: r.layout.clone(),
+            path: r.path.clone(),
+            error: r.error.clone(),
+        })
+        .collect();
+    lua_vms.sort_by_key(|v| v.pid);
+    for vm in &lua_vms {
+        if let Some(e) = &vm.error {
+            warnings.add(e.clone());
+        }
+    }
     if stats.kernel_samples > 0 && kernel.is_empty() {
         warnings.add("the capture holds no kernel symbols; kernel frames are [unknown]".into());
     }
@@ -597,6 +615,7 @@ fn assemble(
         frames: frames.list,
         threads,
         binaries,
+        lua_vms,
         stats,
         warnings: warnings.into_sorted(),
     }

@@ -23,7 +23,8 @@ mod unwind;
 use lrec_format::{Binary, Capture};
 
 pub use profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, Profile, ProfileSample, Stats, Thread, Warning,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaVmInfo, Profile, ProfileSample, Stats, Thread,
+    Warning,
 };
 
 /// What [`analyze`] should do.

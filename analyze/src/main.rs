@@ -46,6 +46,10 @@ struct Cli {
     /// Do not start stacks with the thread name.
     #[arg(long)]
     no_thread_names: bool,
+    /// Start stacks with their process, `name [pid]`, to tell the workers of a pre-fork
+    /// server (nginx) apart.
+    #[arg(long)]
+    per_pid: bool,
     /// Keep only samples of this process.
     #[arg(short, long)]
     pid: Option<u32>,
@@ -90,6 +94,7 @@ fn run(cli: Cli) -> Result<()> {
     }
     let stack_opts = StackOptions {
         thread_names: !cli.no_thread_names,
+        per_pid: cli.per_pid,
     };
     let mut out: Box<dyn Write> = match &cli.output {
         Some(path) => Box::new(BufWriter::new(

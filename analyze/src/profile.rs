@@ -84,6 +84,18 @@ pub struct BinaryInfo {
     pub samples_without_unwind_info: u64,
 }
 
+/// A Lua VM found in a recorded process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LuaVmInfo {
+    pub pid: u32,
+    /// `LuaJIT 2.1`.
+    pub vm: String,
+    /// The layout that validated, empty when none did.
+    pub layout: String,
+    pub path: String,
+    pub error: Option<String>,
+}
+
 /// A problem met while analysing, reported once with how often it happened.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Warning {
@@ -123,6 +135,7 @@ pub struct Profile {
     pub frames: Vec<Frame>,
     pub threads: Vec<Thread>,
     pub binaries: Vec<BinaryInfo>,
+    pub lua_vms: Vec<LuaVmInfo>,
     pub stats: Stats,
     pub warnings: Vec<Warning>,
 }

@@ -17,8 +17,9 @@ use clap::Parser;
 
 const EXAMPLES: &str = "\
 EXAMPLES:
-    Record a running process for 30 s at the default 99 Hz:
-        sudo lrec -p 1234 -d 30 -o nginx.lrec
+    Record a running process and its children for 30 s at the default 99 Hz
+    (for nginx, give the master: its workers are recorded with it):
+        sudo lrec -p $(cat /run/nginx.pid) -d 30 -o nginx.lrec
 
     Start a command and record it until it exits:
         sudo lrec -F 499 -o run.lrec -- luajit bench.lua
@@ -35,9 +36,21 @@ Stop early with Ctrl-C: the capture is always finished and readable. lrec needs 
 #[derive(Parser, Debug)]
 #[command(name = "lrec", version, after_help = EXAMPLES)]
 pub struct Args {
-    /// Record this running process (all its threads, also ones created later).
-    #[arg(short, long, conflicts_with = "command")]
-    pub pid: Option<u32>,
+    /// Record these running processes (`-p 12,34`): all their threads, also ones created
+    /// later, and the processes they fork (see --no-children).
+    #[arg(
+        short,
+        long,
+        conflicts_with = "command",
+        value_delimiter = ',',
+        value_name = "PID"
+    )]
+    pub pid: Option<Vec<u32>>,
+    /// Record only the processes named, not their children (by default lrec records the
+    /// descendants of each target, present and future: nginx's workers, a reload's new
+    /// workers, a pre-fork server's children).
+    #[arg(long)]
+    pub no_children: bool,
     /// Stop after this many seconds (default: until Ctrl-C or the target exits).
     #[arg(short, long, value_name = "SECS")]
     pub duration: Option<f64>,
@@ -112,8 +125,9 @@ fn run(args: Args) -> Result<()> {
         bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); lrec needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
     target::install_signal_handlers();
-    let mut target = match args.pid {
-        Some(pid) => target::Target::attach(pid)?,
+    let mut target = match &args.pid {
+        Some(pids) if !pids.is_empty() => target::Target::attach_all(pids)?,
+        Some(_) => bail!("-p needs a process id"),
         None => target::Target::spawn(&args.command)?,
     };
     let output = args

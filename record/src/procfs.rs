@@ -202,6 +202,33 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
 /// Executable, command line, parent and namespaces of process `pid`.
 ///
 /// `exe` is empty for kernel threads and for processes whose executable cannot be resolved.
+/// The processes descending from `roots`, from the parent links in /proc/*/stat.
+pub fn descendants(roots: &[u32]) -> Vec<u32> {
+    let mut parent: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            if let Some(ppid) = parse_stat_ppid(&stat) {
+                parent.push((pid, ppid));
+            }
+        }
+    }
+    let mut found: Vec<u32> = Vec::new();
+    let mut frontier: Vec<u32> = roots.to_vec();
+    while let Some(p) = frontier.pop() {
+        for &(child, _) in parent.iter().filter(|&&(c, pp)| pp == p && c != p) {
+            if !roots.contains(&child) && !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
+}
+
 pub fn read_process(pid: u32) -> Result<Process, ProcError> {
     let dir = PathBuf::from(format!("/proc/{pid}"));
 

@@ -49,8 +49,10 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     };
     let file = File::create(output).context("creating the output file")?;
     let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &header)?;
+    let pids = target.initial_pids(!args.no_children);
     let sampler = Sampler::attach(&SamplerConfig {
-        pid,
+        pids: pids.clone(),
+        follow_children: !args.no_children,
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
         ring_bytes: args.ring_mib << 20,
@@ -71,8 +73,11 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         DebugMode::All => DebugInfo::All,
         DebugMode::None => DebugInfo::None,
     };
-    let mut rec = Recording::new(pid, debug, writer);
-    rec.start()?;
+    let mut rec = Recording::new(debug, writer);
+    for &pid in &pids {
+        rec.add_process(pid)?;
+    }
+    rec.flush()?;
 
     let started = Instant::now();
     let deadline = args.duration.map(Duration::from_secs_f64);
@@ -82,7 +87,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         sampler.wait(Duration::from_millis(100))?;
         // New libraries first, while the process surely still has them mapped.
         if sampler.mappings_changed() {
-            rec.refresh_maps()?;
+            rec.refresh_all_maps()?;
         }
         drain(&mut sampler, &mut rec)?;
         rec.note_lost(sampler.lost())?;
@@ -172,75 +177,98 @@ struct MappingKey {
     path: String,
 }
 
-struct Recording {
-    pid: u32,
-    debug: DebugInfo,
-    writer: CaptureWriter<BufWriter<File>>,
+/// What the recorder knows of one recorded process.
+#[derive(Default)]
+struct Proc {
     /// Executable mappings of the last maps read, sorted, for the "sample outside known
     /// code" check.
     known: Vec<(u64, u64)>,
     /// The mappings of the last maps read (all written to the capture).
     written: HashSet<MappingKey>,
+    /// Executable mappings of the last maps read, with their binary's key.
+    exec_entries: Vec<(MapsEntry, Vec<u8>)>,
+    /// Thread names by tid, as last written.
+    threads: HashMap<u32, String>,
+    last_maps_read: Option<Instant>,
+}
+
+impl Proc {
+    fn is_known(&self, addr: u64) -> bool {
+        let i = self.known.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < self.known[i - 1].1
+    }
+
+    fn maps_older_than(&self, age: Duration) -> bool {
+        self.last_maps_read.is_none_or(|t| t.elapsed() >= age)
+    }
+}
+
+struct Recording {
+    debug: DebugInfo,
+    writer: CaptureWriter<BufWriter<File>>,
+    procs: HashMap<u32, Proc>,
     /// Build-id per mapped file, keyed by (dev, inode, path).
     build_ids: HashMap<(u32, u32, u64, String), Option<Vec<u8>>>,
     /// Binaries embedded or queued, by build-id or by path when there is none.
     embedded: HashSet<Vec<u8>>,
     embedder: Embedder,
-    threads: HashMap<u32, String>,
     kernel_addrs: HashSet<u64>,
-    /// Executable mappings of the last maps read, with their binary's key.
-    exec_entries: Vec<(MapsEntry, Vec<u8>)>,
     /// LuaJIT interpreters found in embedded binaries, by binary key, with the binary's
     /// segments (to place them in each mapping).
     vms: HashMap<Vec<u8>, (elf::LuaJitVm, Vec<lrec_format::Segment>)>,
     lua: LuaJit,
-    last_maps_read: Instant,
     samples: u64,
     lost: u64,
 }
 
 impl Recording {
-    fn new(pid: u32, debug: DebugInfo, writer: CaptureWriter<BufWriter<File>>) -> Recording {
+    fn new(debug: DebugInfo, writer: CaptureWriter<BufWriter<File>>) -> Recording {
         Recording {
-            pid,
             debug,
             writer,
-            known: Vec::new(),
-            written: HashSet::new(),
+            procs: HashMap::new(),
             build_ids: HashMap::new(),
             embedded: HashSet::new(),
             embedder: Embedder::new(),
-            threads: HashMap::new(),
             kernel_addrs: HashSet::new(),
-            exec_entries: Vec::new(),
             vms: HashMap::new(),
             lua: LuaJit::default(),
-            last_maps_read: Instant::now(),
             samples: 0,
             lost: 0,
         }
     }
 
-    /// Writes the process, its threads and its mappings as they are at attach.
-    fn start(&mut self) -> Result<()> {
-        let process = procfs::read_process(self.pid)?;
-        self.writer.push(&Record::Process(process))?;
-        for tid in procfs::threads(self.pid) {
-            self.note_thread(tid)?;
+    /// Writes a process, its threads and its mappings as they are now.
+    fn add_process(&mut self, pid: u32) -> Result<()> {
+        self.procs.insert(pid, Proc::default());
+        match procfs::read_process(pid) {
+            Ok(process) => self.writer.push(&Record::Process(process))?,
+            // A child gone before it was seen: its samples keep what is known.
+            Err(_) if self.procs.len() > 1 => {}
+            Err(e) => return Err(e.into()),
         }
-        self.refresh_maps()?;
-        self.writer.flush()?;
+        for tid in procfs::threads(pid) {
+            self.note_thread(pid, tid)?;
+        }
+        self.refresh_maps(pid)?;
         Ok(())
     }
 
     fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
         let (sample, walk) = RawSample::decode(bytes)?;
-        if !self.threads.contains_key(&sample.tid) {
-            self.note_thread(sample.tid)?;
+        let pid = sample.pid;
+        if !self.procs.contains_key(&pid) {
+            // A process forked by a target since the last look.
+            self.add_process(pid)?;
         }
-        let missed = sample.regs.ip != 0 && !self.is_known(sample.regs.ip);
-        if missed && self.last_maps_read.elapsed() >= MAPS_MISS_REFRESH {
-            self.refresh_maps()?;
+        let proc = &self.procs[&pid];
+        if !proc.threads.contains_key(&sample.tid) {
+            self.note_thread(pid, sample.tid)?;
+        }
+        let proc = &self.procs[&pid];
+        let missed = sample.regs.ip != 0 && !proc.is_known(sample.regs.ip);
+        if missed && proc.maps_older_than(MAPS_MISS_REFRESH) {
+            self.refresh_maps(pid)?;
         }
         self.kernel_addrs.extend(&sample.kernel_stack);
         self.samples += 1;
@@ -255,20 +283,14 @@ impl Recording {
         Ok(())
     }
 
-    fn is_known(&self, addr: u64) -> bool {
-        let i = self.known.partition_point(|&(start, _)| start <= addr);
-        i > 0 && addr < self.known[i - 1].1
-    }
-
-    fn note_thread(&mut self, tid: u32) -> Result<()> {
-        let name = procfs::thread_name(self.pid, tid).unwrap_or_default();
-        self.threads.insert(tid, name.clone());
+    fn note_thread(&mut self, pid: u32, tid: u32) -> Result<()> {
+        let name = procfs::thread_name(pid, tid).unwrap_or_default();
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.threads.insert(tid, name.clone());
+        }
         if !name.is_empty() {
-            self.writer.push(&Record::ThreadName(ThreadName {
-                pid: self.pid,
-                tid,
-                name,
-            }))?;
+            self.writer
+                .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
         }
         Ok(())
     }
@@ -285,8 +307,23 @@ impl Recording {
     }
 
     fn refresh_maps_every(&mut self, period: Duration) -> Result<()> {
-        if self.last_maps_read.elapsed() >= period {
-            self.refresh_maps()?;
+        let due: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, p)| p.maps_older_than(period))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in due {
+            self.refresh_maps(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads the maps of every recorded process (the loader mapped libraries).
+    fn refresh_all_maps(&mut self) -> Result<()> {
+        let pids: Vec<u32> = self.procs.keys().copied().collect();
+        for pid in pids {
+            self.refresh_maps(pid)?;
         }
         Ok(())
     }
@@ -294,20 +331,32 @@ impl Recording {
     /// Writes the mappings that are new since the last read (also ones that came back
     /// after an unmap, e.g. a library dlopen'ed again at the same address), and queues the
     /// sections of binaries not embedded yet.
-    fn refresh_maps(&mut self) -> Result<()> {
-        self.last_maps_read = Instant::now();
-        let entries = match procfs::read_maps(self.pid) {
+    fn refresh_maps(&mut self, pid: u32) -> Result<()> {
+        let mut proc = self.procs.remove(&pid).unwrap_or_default();
+        let result = self.refresh_proc_maps(pid, &mut proc);
+        self.procs.insert(pid, proc);
+        result?;
+        self.place_vms();
+        Ok(())
+    }
+
+    fn refresh_proc_maps(&mut self, pid: u32, proc: &mut Proc) -> Result<()> {
+        let first = proc.last_maps_read.is_none();
+        proc.last_maps_read = Some(Instant::now());
+        let entries = match procfs::read_maps(pid) {
             // An exited process has an empty map: keep what was known.
             Ok(e) if e.is_empty() => return Ok(()),
             Ok(e) => e,
             // The target may be exiting; samples already taken keep earlier mappings.
-            Err(_) if !self.written.is_empty() => return Ok(()),
+            Err(_) if !proc.written.is_empty() || !first || !self.procs.is_empty() => {
+                return Ok(());
+            }
             Err(e) => return Err(e.into()),
         };
         let now = procfs::monotonic_ns();
         let mut current = HashSet::with_capacity(entries.len());
         let mut executable = Vec::new();
-        self.exec_entries.clear();
+        proc.exec_entries.clear();
         for entry in entries {
             let key = MappingKey {
                 start: entry.start,
@@ -320,41 +369,44 @@ impl Recording {
             if entry.perms.contains('x') {
                 executable.push((entry.start, entry.end));
             }
-            let new = !self.written.contains(&key);
+            let new = !proc.written.contains(&key);
             let (build_id, memory) = if new || entry.file_path().is_some() {
-                self.identify(&entry)
+                self.identify(pid, &entry)
             } else {
                 (None, None)
             };
             if new {
                 if entry.perms.contains('x') {
-                    self.queue_embed(&entry, &build_id, memory);
+                    self.queue_embed(pid, &entry, &build_id, memory);
                 }
                 self.writer.push(&Record::Mapping(entry.to_mapping(
-                    self.pid,
+                    pid,
                     now,
                     build_id.clone(),
                 )))?;
             }
             if entry.perms.contains('x') {
                 let bkey = build_id.unwrap_or_else(|| entry.path.as_bytes().to_vec());
-                self.exec_entries.push((entry, bkey));
+                proc.exec_entries.push((entry, bkey));
             }
             current.insert(key);
         }
-        self.place_vms();
         // Forget what is gone, so that it is written again if it comes back.
-        self.written = current;
+        proc.written = current;
         executable.sort_unstable();
-        self.known = executable;
+        proc.known = executable;
         Ok(())
     }
 
     /// The build-id of what a mapping maps. The vDSO has no file, so its bytes are copied
     /// now, while the process exists, and returned for embedding.
-    fn identify(&mut self, entry: &MapsEntry) -> (Option<Vec<u8>>, Option<io::Result<Vec<u8>>>) {
+    fn identify(
+        &mut self,
+        pid: u32,
+        entry: &MapsEntry,
+    ) -> (Option<Vec<u8>>, Option<io::Result<Vec<u8>>>) {
         if entry.path == "[vdso]" {
-            let memory = read_memory(self.pid, entry.start, entry.end - entry.start);
+            let memory = read_memory(pid, entry.start, entry.end - entry.start);
             let id = memory.as_ref().ok().and_then(|m| elf::build_id(m));
             return (id, Some(memory));
         }
@@ -367,7 +419,6 @@ impl Recording {
             entry.inode,
             entry.path.clone(),
         );
-        let pid = self.pid;
         let id = self
             .build_ids
             .entry(key)
@@ -379,6 +430,7 @@ impl Recording {
     /// build-id (or path). `memory` holds the bytes of a mapping without a file.
     fn queue_embed(
         &mut self,
+        pid: u32,
         entry: &MapsEntry,
         build_id: &Option<Vec<u8>>,
         memory: Option<io::Result<Vec<u8>>>,
@@ -393,7 +445,7 @@ impl Recording {
             return;
         }
         self.embedder.submit(Job {
-            pid: self.pid,
+            pid,
             entry: entry.clone(),
             build_id: build_id.clone(),
             memory,
@@ -424,7 +476,11 @@ impl Recording {
 
     /// Tells the LuaJIT tracker where each known interpreter is mapped.
     fn place_vms(&mut self) {
-        for (entry, key) in &self.exec_entries {
+        let entries = self
+            .procs
+            .iter()
+            .flat_map(|(&pid, p)| p.exec_entries.iter().map(move |e| (pid, e)));
+        for (pid, (entry, key)) in entries {
             let Some((vm, segments)) = self.vms.get(key) else {
                 continue;
             };
@@ -443,7 +499,7 @@ impl Recording {
                     end: last + 1,
                     cframe_size: vm.cframe_size,
                 };
-                self.lua.add_vm(self.pid, &entry.path, code);
+                self.lua.add_vm(pid, &entry.path, code);
             }
         }
     }
@@ -459,7 +515,7 @@ impl Recording {
             elapsed.as_secs_f64(),
             self.samples,
             self.lost,
-            self.threads.len(),
+            self.procs.values().map(|p| p.threads.len()).sum::<usize>(),
             human_bytes(self.writer.bytes_written()),
         );
     }
@@ -467,15 +523,13 @@ impl Recording {
     fn finish(mut self, reason: &str) -> Result<Summary> {
         self.write_embedded(true)?;
         // Threads may have renamed themselves since first seen.
-        let tids: Vec<u32> = self.threads.keys().copied().collect();
-        for tid in tids {
-            if let Some(name) = procfs::thread_name(self.pid, tid) {
-                if self.threads.get(&tid) != Some(&name) {
-                    self.writer.push(&Record::ThreadName(ThreadName {
-                        pid: self.pid,
-                        tid,
-                        name,
-                    }))?;
+        for (&pid, proc) in &self.procs {
+            for (&tid, old) in &proc.threads {
+                if let Some(name) = procfs::thread_name(pid, tid) {
+                    if *old != name {
+                        self.writer
+                            .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
+                    }
                 }
             }
         }
@@ -494,7 +548,7 @@ impl Recording {
             lost: self.lost,
             reason: reason.to_string(),
         }))?;
-        let threads = self.threads.len();
+        let threads = self.procs.values().map(|p| p.threads.len()).sum::<usize>();
         let mut out = self.writer.finish()?;
         out.flush()?;
         let bytes = out.get_ref().metadata().map(|m| m.len()).unwrap_or(0);

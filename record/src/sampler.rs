@@ -8,7 +8,8 @@ use std::time::Duration;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::UProbeScope;
-use aya::programs::{PerfEvent, UProbe};
+use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
+use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::raw::RawLuaConfig;
@@ -18,7 +19,10 @@ static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 
 /// What to sample.
 pub struct SamplerConfig {
-    pub pid: u32,
+    /// The processes to record from the start.
+    pub pids: Vec<u32>,
+    /// Also record the processes they fork.
+    pub follow_children: bool,
     pub frequency_hz: u64,
     pub stack_size: u32,
     /// Ring buffer bytes (a power of two, at least a page).
@@ -49,6 +53,8 @@ pub enum SamplerError {
     },
     #[error("listing online CPUs ({0}) failed")]
     Cpus(String, #[source] std::io::Error),
+    #[error("reading the kernel's BTF failed: {0}")]
+    Btf(String),
     #[error("found no dynamic loader to watch")]
     NoLoader,
     #[error("poll on the ring buffer failed")]
@@ -61,6 +67,7 @@ pub struct Sampler {
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
+    _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
 }
 
@@ -102,14 +109,39 @@ impl Sampler {
         let cpus = aya::util::online_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
+        let follow = u32::from(cfg.follow_children);
         let mut ebpf = EbpfLoader::new()
-            .override_global("target_tgid", &cfg.pid, true)
             .override_global("stack_size", &cfg.stack_size, true)
+            .override_global("follow_children", &follow, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
             .map_max_entries("scratch", ncpu as u32)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)
             .map_err(SamplerError::Load)?;
+        let mut targets: BpfHashMap<MapData, u32, u32> =
+            take(&mut ebpf, "targets", BpfHashMap::try_from)?;
+        for &pid in &cfg.pids {
+            targets
+                .insert(pid, 1, 0)
+                .map_err(|source| SamplerError::Map {
+                    name: "targets",
+                    source,
+                })?;
+        }
+        // Processes forked by the targets join them (and leave the map when they exit).
+        let btf = Btf::from_sys_fs().map_err(|e| SamplerError::Btf(e.to_string()))?;
+        for (name, event) in [
+            ("on_fork", "sched_process_fork"),
+            ("on_exit", "sched_process_exit"),
+        ] {
+            let tp: &mut BtfTracePoint = ebpf
+                .program_mut(name)
+                .expect("program is in the object")
+                .try_into()
+                .map_err(SamplerError::Program)?;
+            tp.load(event, &btf).map_err(SamplerError::Program)?;
+            tp.attach().map_err(SamplerError::Program)?;
+        }
         let prog: &mut PerfEvent = ebpf
             .program_mut("sample")
             .expect("sample program is in the object")
@@ -131,7 +163,7 @@ impl Sampler {
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
         let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
         // A static program has no loader and nothing to watch.
-        let loader = match LoaderWatch::attach(cfg.pid, &cfg.loaders) {
+        let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders) {
             Ok(w) => Some(w),
             Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
             Err(e) => {
@@ -147,6 +179,7 @@ impl Sampler {
             ring,
             lost,
             lua_config,
+            _targets: targets,
             loader,
         })
     }

@@ -47,7 +47,10 @@ pub enum Exit {
 }
 
 pub struct Target {
+    /// The process named first (`-p`) or started (`-- CMD`).
     pub pid: u32,
+    /// Further processes named with `-p A,B`.
+    pub others: Vec<u32>,
     /// Write end of the start gate of a spawned child.
     gate: Option<i32>,
     spawned: bool,
@@ -55,6 +58,29 @@ pub struct Target {
 }
 
 impl Target {
+    /// Attaches to running processes (the first one is the main target).
+    pub fn attach_all(pids: &[u32]) -> Result<Target, TargetError> {
+        let mut target = Target::attach(pids[0])?;
+        for &pid in &pids[1..] {
+            let t = Target::attach(pid)?;
+            if t.pid != target.pid && !target.others.contains(&t.pid) {
+                target.others.push(t.pid);
+            }
+        }
+        Ok(target)
+    }
+
+    /// The processes to record from the start: the targets and, when following
+    /// children, their descendants alive now.
+    pub fn initial_pids(&self, children: bool) -> Vec<u32> {
+        let mut pids = vec![self.pid];
+        pids.extend(&self.others);
+        if children && !self.spawned {
+            pids.extend(crate::procfs::descendants(&pids));
+        }
+        pids
+    }
+
     pub fn attach(pid: u32) -> Result<Target, TargetError> {
         // SAFETY: signal 0 only checks that the process exists.
         if unsafe { libc::kill(pid as i32, 0) } != 0
@@ -75,6 +101,7 @@ impl Target {
         }
         Ok(Target {
             pid: tgid,
+            others: Vec::new(),
             gate: None,
             spawned: false,
             exit: None,
@@ -127,6 +154,7 @@ impl Target {
         EXEC_REPORT.store(report[0], Ordering::Relaxed);
         Ok(Target {
             pid: pid as u32,
+            others: Vec::new(),
             gate: Some(gate[1]),
             spawned: true,
             exit: None,
@@ -175,9 +203,9 @@ impl Target {
                     Exit::Signal(libc::WTERMSIG(status))
                 });
             }
-        } else if !std::path::Path::new(&format!("/proc/{}/stat", self.pid)).exists()
-            || is_zombie(self.pid)
-        {
+        } else if std::iter::once(&self.pid).chain(&self.others).all(|&pid| {
+            !std::path::Path::new(&format!("/proc/{pid}/stat")).exists() || is_zombie(pid)
+        }) {
             self.exit = Some(Exit::Gone);
         }
         self.exit

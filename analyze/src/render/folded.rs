@@ -14,7 +14,11 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
     // Count distinct (thread, truncated, frames) first: far fewer than samples.
     let mut distinct: FxHashMap<(usize, bool, &[FrameId]), u64> = FxHashMap::default();
     for sample in &profile.samples {
-        let thread = if opts.thread_names { sample.thread } else { 0 };
+        let thread = if opts.thread_names || opts.per_pid {
+            sample.thread
+        } else {
+            0
+        };
         *distinct
             .entry((thread, sample.truncated, &sample.frames))
             .or_default() += 1;
@@ -27,7 +31,17 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     for ((thread, truncated, frames), count) in distinct {
         let mut parts: Vec<&str> = Vec::with_capacity(frames.len() + 2);
-        let thread_name;
+        let (thread_name, process);
+        if opts.per_pid {
+            let t = &profile.threads[thread];
+            let name = profile
+                .threads
+                .iter()
+                .find(|p| p.pid == t.pid && p.tid == t.pid)
+                .unwrap_or(t);
+            process = sanitize(&format!("{} [{}]", name.name, t.pid));
+            parts.push(&process);
+        }
         if opts.thread_names {
             thread_name = sanitize(&profile.threads[thread].name);
             parts.push(&thread_name);

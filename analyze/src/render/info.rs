@@ -60,6 +60,20 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         s.failed_unwinds,
         percent(s.failed_unwinds, s.samples)
     )?;
+    if !s.vm_states.is_empty() {
+        writeln!(out, "  Lua VM state:  {}", vm_states(profile))?;
+    }
+    if !profile.lua_vms.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "Lua VMs ({})", profile.lua_vms.len())?;
+        for v in &profile.lua_vms {
+            let layout = match &v.error {
+                Some(_) => "layout not identified: native stacks only".to_string(),
+                None => format!("layout {}", v.layout),
+            };
+            writeln!(out, "  pid {:<8} {} in {} ({layout})", v.pid, v.vm, v.path)?;
+        }
+    }
     writeln!(out)?;
     writeln!(out, "threads ({})", profile.threads.len())?;
     for t in &profile.threads {
@@ -109,6 +123,19 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Samples per Lua VM state, as `62.0% JIT-compiled, 30.1% interpreted, …` (of the
+/// samples taken while a Lua VM ran), most first.
+pub fn vm_states(profile: &Profile) -> String {
+    let states = &profile.stats.vm_states;
+    let total: u64 = states.values().sum();
+    let mut v: Vec<(&&str, &u64)> = states.iter().collect();
+    v.sort_by_key(|(name, n)| (std::cmp::Reverse(**n), **name));
+    v.iter()
+        .map(|(name, &n)| format!("{:.1}% {name}", 100.0 * n as f64 / total.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn or_unknown(s: &str) -> &str {

@@ -15,11 +15,16 @@ pub use top::{top_functions, write_top, FunctionCounts};
 pub struct StackOptions {
     /// Start every stack with the thread's name, as perf + stackcollapse do.
     pub thread_names: bool,
+    /// Start every stack with its process, `name [pid]` (for pre-fork servers).
+    pub per_pid: bool,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions { thread_names: true }
+        StackOptions {
+            thread_names: true,
+            per_pid: false,
+        }
     }
 }
 

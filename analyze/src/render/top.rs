@@ -77,7 +77,11 @@ pub fn write_top(profile: &Profile, n: usize, out: &mut dyn Write) -> io::Result
         out,
         "({} samples; {} truncated stacks, {} failed unwinds)",
         profile.stats.samples, profile.stats.truncated, profile.stats.failed_unwinds
-    )
+    )?;
+    if !profile.stats.vm_states.is_empty() {
+        writeln!(out, "(Lua VM state: {})", super::info::vm_states(profile))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
