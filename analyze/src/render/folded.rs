@@ -152,6 +152,7 @@ mod tests {
             &profile(),
             StackOptions {
                 thread_names: false,
+                per_pid: false,
             },
         );
         assert_eq!(stacks["main;work"], 2);
