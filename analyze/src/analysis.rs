@@ -41,7 +41,13 @@ enum UserFrame {
     Unmapped,
     /// A Lua function of process `pid` (a [`lrec_format::LuaProto`] id), at `line` when
     /// lines are asked for (else `u32::MAX`).
-    Lua { pid: u32, proto: u32, line: u32 },
+    /// `called_from` is the calling (proto, position), `(u32::MAX, 0)` when none.
+    Lua {
+        pid: u32,
+        proto: u32,
+        line: u32,
+        called_from: (u32, u32),
+    },
     /// A Lua VM's built-in function.
     LuaBuiltin { pid: u32, id: u8 },
     /// A Lua VM state that runs no Lua code (`[GC]`).
@@ -262,7 +268,9 @@ struct LuaContext<'a> {
 }
 
 impl LuaContext<'_> {
-    fn frame(&self, pid: u32, f: &lrec_format::LuaFrame, space: &AddressSpace) -> UserFrame {
+    /// Frame `i` of `stack`, located and with its current line when asked for.
+    fn frame(&self, pid: u32, stack: &LuaStack, i: usize, space: &AddressSpace) -> UserFrame {
+        let f = &stack.frames[i];
         match f.kind {
             lua_frame_kind::LUA => {
                 let line = match self.lines {
@@ -274,10 +282,18 @@ impl LuaContext<'_> {
                         .unwrap_or(0),
                     false => u32::MAX,
                 };
+                // Called by a Lua function (or a metamethod it triggered): the calling
+                // instruction names the callee.
+                let caller = stack
+                    .frames
+                    .get(i + 1)
+                    .filter(|c| c.kind == lua_frame_kind::LUA && matches!(f.link, 0 | 2));
+                let called_from = caller.map_or((u32::MAX, 0), |c| (c.function, c.pos));
                 UserFrame::Lua {
                     pid,
                     proto: f.function,
                     line,
+                    called_from,
                 }
             }
             lua_frame_kind::BUILTIN => UserFrame::LuaBuiltin { pid, id: f.builtin },
@@ -360,7 +376,7 @@ fn unwind_sample(
                         .map(|m| {
                             frames.id(match *m {
                                 Merged::Native(i) => locate(space, &stack.frames[i]),
-                                Merged::Lua(f) => ctx.frame(s.pid, f, space),
+                                Merged::Lua(i) => ctx.frame(s.pid, l, i, space),
                                 Merged::State(name) => UserFrame::LuaState(name),
                             })
                         })
@@ -641,8 +657,13 @@ fn user_frames(
     mut push: impl FnMut(Frame),
 ) {
     let (module, file_offset): (&str, &u64) = match frame {
-        UserFrame::Lua { pid, proto, line } => {
-            push(lua_function_frame(meta, *pid, *proto, *line));
+        UserFrame::Lua {
+            pid,
+            proto,
+            line,
+            called_from,
+        } => {
+            push(lua_function_frame(meta, *pid, *proto, *line, *called_from));
             return;
         }
         UserFrame::LuaBuiltin { pid, id } => {
@@ -705,12 +726,26 @@ fn user_frames(
     });
 }
 
-/// A Lua function: `CHUNK:LINEDEFINED`, with `@LINE` for the current line when asked.
-fn lua_function_frame(meta: &Metadata, pid: u32, proto: u32, line: u32) -> Frame {
+/// A Lua function: `NAME CHUNK:LINEDEFINED` (`CHUNK:LINEDEFINED` when the call gives no
+/// name), with `@LINE` for the current line when asked.
+fn lua_function_frame(
+    meta: &Metadata,
+    pid: u32,
+    proto: u32,
+    line: u32,
+    (caller, pos): (u32, u32),
+) -> Frame {
+    let name = meta.lua_protos.get(&(pid, caller)).and_then(|c| {
+        let i = c.callee_names.binary_search_by_key(&pos, |n| n.0).ok()?;
+        Some(c.callee_names[i].1.as_str())
+    });
     let (function, module) = match meta.lua_protos.get(&(pid, proto)) {
         Some(p) => {
             let chunk = luajit::chunk_label(&p.chunkname);
-            let mut label = format!("{chunk}:{}", p.firstline);
+            let mut label = match name {
+                Some(n) => format!("{n} {chunk}:{}", p.firstline),
+                None => format!("{chunk}:{}", p.firstline),
+            };
             if line != u32::MAX {
                 label.push_str(&format!("@{line}"));
             }

@@ -295,6 +295,10 @@ pub struct LuaProto {
     pub numline: u32,
     /// Source line of each bytecode position (0 = the function header).
     pub lines: Vec<u32>,
+    /// The name each calling position gives its callee, as Lua's debug.getinfo 'n'
+    /// derives it (`hot` for `hot()`, `run` for `m.run()` or `m:run()`, `__add` for a
+    /// metamethod), sorted by position.
+    pub callee_names: Vec<(u32, String)>,
 }
 
 /// Flags of [`LuaStack::flags`].

@@ -42,6 +42,10 @@ pub struct Layout {
     pub pt_chunkname: u32,
     pub pt_firstline: u32,
     pub pt_lineinfo: u32,
+    pub pt_k: u32,
+    pub pt_sizept: u32,
+    pub pt_uvinfo: u32,
+    pub pt_varinfo: u32,
     /// GCstr: offset of `len`, and of the text (sizeof(GCstr)).
     pub str_len: u32,
     pub str_data: u32,
@@ -68,6 +72,10 @@ const GC64: Layout = Layout {
     pt_chunkname: 64,
     pt_firstline: 72,
     pt_lineinfo: 80,
+    pt_k: 32,
+    pt_sizept: 56,
+    pt_uvinfo: 88,
+    pt_varinfo: 96,
     str_len: 20,
     str_data: 24,
     builtins: crate::luajit_builtins::UPSTREAM,
@@ -93,6 +101,10 @@ const GC32: Layout = Layout {
     pt_chunkname: 40,
     pt_firstline: 44,
     pt_lineinfo: 52,
+    pt_k: 16,
+    pt_sizept: 32,
+    pt_uvinfo: 56,
+    pt_varinfo: 60,
     str_len: 16,
     str_data: 20,
     builtins: crate::luajit_builtins::UPSTREAM,
@@ -473,7 +485,54 @@ fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
         firstline,
         numline,
         lines: read_lines(mem, lineinfo, firstline, numline, sizebc),
+        callee_names: callee_names(mem, l, pt, sizebc).unwrap_or_default(),
     })
+}
+
+/// The names the proto's calls give their callees (see [`crate::luajit_bytecode`]),
+/// read from the proto's block (bytecode, uvinfo and varinfo live in it) and its string
+/// constants.
+fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32, String)>> {
+    let sizept = read_u32(mem, pt + u64::from(l.pt_sizept))? as usize;
+    let bc_end = l.pt_size as usize + sizebc as usize * 4;
+    if sizept < bc_end || sizept > 16 << 20 {
+        return None;
+    }
+    let mut block = vec![0u8; sizept];
+    mem.read_exact_at(&mut block, pt).ok()?;
+    let bc: Vec<u32> = block[l.pt_size as usize..bc_end]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // uvinfo and varinfo point into the block (or are 0 in stripped bytecode).
+    let inside = |field: u32| -> &[u8] {
+        let at = read_ref(mem, l, pt + u64::from(field)).unwrap_or(0);
+        match at.checked_sub(pt) {
+            Some(off) if at != 0 && (off as usize) < sizept => &block[off as usize..],
+            _ => &[],
+        }
+    };
+    let k = read_ref(mem, l, pt + u64::from(l.pt_k))?;
+    let refsize: u64 = if l.gc64 { 8 } else { 4 };
+    let kstr = |idx: u32| -> Option<String> {
+        let s = read_ref(mem, l, k.checked_sub((u64::from(idx) + 1) * refsize)?)?;
+        let len = read_u32(mem, s + u64::from(l.str_len))? as usize;
+        if len > 256 {
+            return None;
+        }
+        let mut text = vec![0u8; len];
+        mem.read_exact_at(&mut text, s + u64::from(l.str_data))
+            .ok()?;
+        Some(String::from_utf8_lossy(&text).into_owned())
+    };
+    let proto = crate::luajit_bytecode::Proto {
+        bc: &bc,
+        kstr: &kstr,
+        uvinfo: inside(l.pt_uvinfo),
+        varinfo: inside(l.pt_varinfo),
+        fr2: l.gc64,
+    };
+    Some(crate::luajit_bytecode::callee_names(&proto))
 }
 
 /// The line of each bytecode position, as lj_debug_line computes it: the header is the

@@ -4,6 +4,7 @@ mod embedder;
 mod kallsyms;
 mod luajit;
 mod luajit_builtins;
+mod luajit_bytecode;
 mod procfs;
 mod raw;
 mod recorder;

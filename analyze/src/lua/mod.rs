@@ -9,16 +9,19 @@
 
 pub mod luajit;
 
-use lrec_format::{lua_frame_kind, LuaFrame, LuaStack};
+use std::ops::Range;
+
+use lrec_format::{lua_frame_kind, LuaStack};
 
 use crate::unwind::{CodeAddress, VmHint};
 
 /// One frame of a merged stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Merged<'a> {
+pub enum Merged {
     /// The native frame at this index of the unwound stack.
     Native(usize),
-    Lua(&'a LuaFrame),
+    /// The Lua frame at this index of the Lua stack.
+    Lua(usize),
     /// The VM's state when it is not running Lua code (garbage collector, JIT compiler).
     State(&'static str),
 }
@@ -45,18 +48,23 @@ pub fn cframes(stack: &LuaStack, out: &mut Vec<u64>) {
 ///   built-ins `string.gsub`, not by the symbol of their C implementation).
 /// - Lua frames whose VM frame the native unwinding did not reach (a stack cut short)
 ///   are kept, outermost last.
-pub fn merge<'a>(
+pub fn merge(
     native: &[CodeAddress],
-    stack: &'a LuaStack,
+    stack: &LuaStack,
     vm: &VmHint,
     is_jit_code: impl Fn(&CodeAddress) -> bool,
     state: Option<&'static str>,
-    out: &mut Vec<Merged<'a>>,
+    out: &mut Vec<Merged>,
 ) {
     out.clear();
-    // Segments of Lua frames run by one VM frame, innermost first.
-    let segments: Vec<&'a [LuaFrame]> =
-        stack.frames.chunk_by(|a, b| a.cframe == b.cframe).collect();
+    // Segments of Lua frames run by one VM frame, innermost first, as index ranges.
+    let mut segments: Vec<Range<usize>> = Vec::new();
+    for (i, f) in stack.frames.iter().enumerate() {
+        match segments.last_mut() {
+            Some(s) if stack.frames[s.start].cframe == f.cframe => s.end = i + 1,
+            _ => segments.push(i..i + 1),
+        }
+    }
     let mut placed = vec![false; segments.len()];
     let mut state = state;
     for (i, f) in native.iter().enumerate() {
@@ -65,11 +73,13 @@ pub fn merge<'a>(
             if f.sp < vm.innermost {
                 continue;
             }
-            let seg = segments.iter().position(|s| s[0].cframe == f.sp);
+            let seg = segments
+                .iter()
+                .position(|s| stack.frames[s.start].cframe == f.sp);
             if let Some(k) = seg.filter(|&k| !placed[k]) {
                 placed[k] = true;
-                let seg = segments[k];
-                if seg[0].kind != lua_frame_kind::LUA
+                let seg = segments[k].clone();
+                if stack.frames[seg.start].kind != lua_frame_kind::LUA
                     && i > 0
                     && out.last() == Some(&Merged::Native(i - 1))
                 {
@@ -78,7 +88,7 @@ pub fn merge<'a>(
                 if let Some(s) = state.take() {
                     out.push(Merged::State(s));
                 }
-                out.extend(seg.iter().map(Merged::Lua));
+                out.extend(seg.map(Merged::Lua));
                 continue;
             }
         } else if is_jit_code(f) && f.sp < vm.innermost {
@@ -91,7 +101,7 @@ pub fn merge<'a>(
             if let Some(s) = state.take() {
                 out.push(Merged::State(s));
             }
-            out.extend(seg.iter().map(Merged::Lua));
+            out.extend(seg.clone().map(Merged::Lua));
         }
     }
 }
@@ -99,6 +109,7 @@ pub fn merge<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lrec_format::LuaFrame;
 
     fn native(avma: u64, sp: u64) -> CodeAddress {
         CodeAddress {
@@ -156,7 +167,10 @@ mod tests {
             .iter()
             .map(|m| match m {
                 Merged::Native(i) => format!("n{i}"),
-                Merged::Lua(f) => format!("l{}k{}", f.function, f.kind),
+                Merged::Lua(i) => {
+                    let f = &stack.frames[*i];
+                    format!("l{}k{}", f.function, f.kind)
+                }
                 Merged::State(s) => s.to_string(),
             })
             .collect();
