@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
-APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev
+APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev luajit2 nginx libnginx-mod-http-lua wrk
 BENCH_PACKAGES := linux-perf
 DEMO_DIR := demo-out
 

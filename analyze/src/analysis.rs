@@ -287,7 +287,7 @@ impl LuaContext<'_> {
                 let caller = stack
                     .frames
                     .get(i + 1)
-                    .filter(|c| c.kind == lua_frame_kind::LUA && matches!(f.link, 0 | 2));
+                    .filter(|c| c.kind == lua_frame_kind::LUA && luajit::called_by_lua(f.link));
                 let called_from = caller.map_or((u32::MAX, 0), |c| (c.function, c.pos));
                 UserFrame::Lua {
                     pid,

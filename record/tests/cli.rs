@@ -17,7 +17,10 @@ fn help_teaches_with_examples() {
     let out = lrec().arg("--help").assert().success().get_output().clone();
     let help = String::from_utf8(out.stdout).unwrap();
     assert!(help.contains("EXAMPLES"), "{help}");
-    assert!(help.contains("lrec -p $(cat /run/nginx.pid) -d 30"), "{help}");
+    assert!(
+        help.contains("lrec -p $(cat /run/nginx.pid) -d 30"),
+        "{help}"
+    );
     assert!(help.contains("--no-children"), "{help}");
     assert!(help.contains("lanalyze"), "{help}");
 }

@@ -34,6 +34,87 @@ pub fn fixture(name: &str) -> PathBuf {
     p
 }
 
+/// A fixture runtime built by `make fixtures` (fixtures/bin).
+pub fn fixture_bin(name: &str) -> PathBuf {
+    let p = root().join("fixtures/bin").join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `make fixtures`",
+        p.display()
+    );
+    p
+}
+
+/// A program installed by `make setup` (e.g. Debian's `luajit`), or None after saying
+/// so loudly; under CI its absence is a failure.
+pub fn installed(path: &str, why: &str) -> Option<PathBuf> {
+    if Path::new(path).exists() {
+        return Some(PathBuf::from(path));
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{path} is missing ({why}): `make setup` installs it");
+    }
+    eprintln!("\n!!!!!!!!!! SKIPPED {why}: {path} is missing. Run `make setup`. !!!!!!!!!!\n");
+    None
+}
+
+/// `lrec -p PID -F HZ -d SECS -q -o CAPTURE ARGS…`: records a running process.
+pub fn record_pid(capture: &Path, pid: u32, hz: u32, secs: u32, args: &[&str]) -> Output {
+    run(Command::new(bin("lrec"))
+        .args(["-p", &pid.to_string(), "-F", &hz.to_string()])
+        .args(["-d", &secs.to_string(), "-q", "-o"])
+        .arg(capture)
+        .args(args))
+}
+
+/// The Lua functions of a folded stack from one chunk, as their LINEDEFINED, root first:
+/// frames read `[NAME ]CHUNK:LINEDEFINED[@LINE]`.
+pub fn lua_chain(frames: &[String], chunk: &str) -> Vec<u32> {
+    let re = Regex::new(&format!(
+        r"(?:^|\s)\S*{}:(\d+)(?:@\d+)?$",
+        regex::escape(chunk)
+    ))
+    .unwrap();
+    frames
+        .iter()
+        .filter_map(|f| re.captures(f).and_then(|c| c[1].parse().ok()))
+        .collect()
+}
+
+/// Scores Lua stacks: a sample counts when its innermost Lua function of `chunk` is
+/// `hot`, and is exact when its Lua chain is one of `truths`.
+pub fn score_lua(
+    stacks: &[(Vec<String>, u64)],
+    chunk: &str,
+    hot: u32,
+    truths: &[Vec<u32>],
+) -> Score {
+    let mut s = Score::default();
+    for (frames, n) in stacks {
+        let chain = lua_chain(frames, chunk);
+        if chain.last() != Some(&hot) {
+            continue;
+        }
+        s.judged += n;
+        let key = chain
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(">");
+        *s.per_leaf
+            .entry(key.chars().take(40).collect())
+            .or_default() += n;
+        if truths.contains(&chain) {
+            s.exact += n;
+        } else {
+            s.wrong.push((frames.join(";"), *n));
+        }
+    }
+    s.wrong.sort_by_key(|w| std::cmp::Reverse(w.1));
+    s.wrong.truncate(10);
+    s
+}
+
 /// Takes the recording lock, or returns None (after saying why, loudly) when this is not
 /// root outside CI. Under CI a missing privilege is a failure, not a skip.
 pub fn bpf_test(name: &str) -> Option<MutexGuard<'static, ()>> {

@@ -1,0 +1,176 @@
+//! LuaJIT stacks against ground truth (fixtures/workloads/lua/chains.lua): Debian's
+//! `luajit` (OpenResty's luajit2, GC64) and upstream LuaJIT built GC64 and GC32, with the
+//! JIT on and off, each attached with `lrec -p` after it started. Also a stripped host
+//! that links LuaJIT statically and runs one VM per thread.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lrec_e2e::*;
+
+/// chains.lua's true Lua chains of `hot` (defined at line 12), root first.
+fn chains_truth() -> Vec<Vec<u32>> {
+    let mut recursion = vec![0, 39, 37];
+    recursion.extend([33; 151]);
+    recursion.push(12);
+    vec![
+        vec![0, 39, 19, 18, 17, 12],
+        vec![0, 39, 20, 12],
+        vec![0, 39, 22, 24, 12],
+        vec![0, 39, 29, 27, 12],
+        vec![0, 39, 32, 31, 12],
+        recursion,
+    ]
+}
+
+fn workload(name: &str) -> PathBuf {
+    root().join("fixtures/workloads/lua").join(name)
+}
+
+/// Runs chains.lua under `luajit` for 10 s, attaches after 1 s for 8 s, and checks that
+/// ≥ 95 % of the samples in `hot` show the exact chain, and every scenario is seen.
+fn chains_are_exact(what: &str, luajit: PathBuf, jit_off: bool) {
+    let Some(_guard) = bpf_test(what) else {
+        return;
+    };
+    let dir = tempfile_dir(&what.replace(' ', "-"));
+    let cap = dir.join("chains.lrec");
+    let mut cmd = Command::new(&luajit);
+    if jit_off {
+        cmd.arg("-joff");
+    }
+    let mut target = cmd
+        .arg(workload("chains.lua"))
+        .arg("10")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, 8, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let score = score_lua(&stacks, "chains.lua", 12, &chains_truth());
+    eprintln!(
+        "{what}: {}/{} samples in hot exact ({:.2} %), per chain {:?}",
+        score.exact,
+        score.judged,
+        100.0 * score.fraction(),
+        score.per_leaf
+    );
+    assert!(
+        score.judged >= 500,
+        "{what}: only {} samples in hot",
+        score.judged
+    );
+    assert!(
+        score.fraction() >= 0.95,
+        "{what}: only {:.2} % exact; wrong stacks: {:#?}",
+        100.0 * score.fraction(),
+        score.wrong
+    );
+    // Every scenario shows up (a chain-specific failure cannot hide in the average).
+    for truth in chains_truth() {
+        let seen: u64 = stacks
+            .iter()
+            .filter(|(f, _)| lua_chain(f, "chains.lua") == truth)
+            .map(|(_, n)| n)
+            .sum();
+        assert!(seen >= 20, "{what}: chain {truth:?} seen {seen} times");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn debian_luajit_jit_on() {
+    if let Some(lj) = installed("/usr/bin/luajit", "Debian luajit, JIT on") {
+        chains_are_exact("debian luajit jit on", lj, false);
+    }
+}
+
+#[test]
+fn debian_luajit_jit_off() {
+    if let Some(lj) = installed("/usr/bin/luajit", "Debian luajit, -joff") {
+        chains_are_exact("debian luajit joff", lj, true);
+    }
+}
+
+#[test]
+fn upstream_gc64_jit_on() {
+    chains_are_exact("gc64 jit on", fixture_bin("luajit-gc64"), false);
+}
+
+#[test]
+fn upstream_gc64_jit_off() {
+    chains_are_exact("gc64 joff", fixture_bin("luajit-gc64"), true);
+}
+
+#[test]
+fn upstream_gc32_jit_on() {
+    chains_are_exact("gc32 jit on", fixture_bin("luajit-gc32"), false);
+}
+
+#[test]
+fn upstream_gc32_jit_off() {
+    chains_are_exact("gc32 joff", fixture_bin("luajit-gc32"), true);
+}
+
+/// fixtures/bin/lua-host: stripped, LuaJIT linked in, three threads with a VM each.
+/// Thread vm-k runs run (line 10) → work_k (4 + k) → hot_k (1 + k); a thread's samples
+/// must all name its own VM's functions.
+#[test]
+fn several_vms_in_a_stripped_static_host() {
+    let Some(_guard) = bpf_test("several_vms_in_a_stripped_static_host") else {
+        return;
+    };
+    let dir = tempfile_dir("lua-host");
+    let cap = dir.join("host.lrec");
+    let mut target = Command::new(fixture_bin("lua-host"))
+        .args(["8", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, 5, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let truths: Vec<Vec<u32>> = (0..3).map(|k| vec![10, 4 + k, 1 + k]).collect();
+    let mut judged = 0;
+    let mut exact = 0;
+    let mut hot_of_thread: std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> =
+        Default::default();
+    for (frames, n) in &stacks {
+        let chain = lua_chain(frames, "host/worker.lua");
+        let Some(&leaf) = chain.last().filter(|&&l| (1..=3).contains(&l)) else {
+            continue;
+        };
+        judged += n;
+        if truths.contains(&chain) {
+            exact += n;
+        }
+        hot_of_thread
+            .entry(frames[0].clone())
+            .or_default()
+            .insert(leaf);
+    }
+    eprintln!("lua-host: {exact}/{judged} exact; hot functions per thread {hot_of_thread:?}");
+    assert!(judged >= 300, "only {judged} samples in the hot functions");
+    assert!(
+        exact as f64 >= 0.95 * judged as f64,
+        "{exact}/{judged} exact"
+    );
+    // Thread vm-k runs VM k: its samples name hot_k only.
+    for k in 0..3u32 {
+        let want = std::collections::BTreeSet::from([1 + k]);
+        assert_eq!(
+            hot_of_thread.get(&format!("vm-{k}")),
+            Some(&want),
+            "VMs mixed up or missing: {hot_of_thread:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
