@@ -1,7 +1,8 @@
 //! LuaJIT stacks against ground truth (fixtures/workloads/lua/chains.lua): Debian's
 //! `luajit` (OpenResty's luajit2, GC64) and upstream LuaJIT built GC64 and GC32, with the
-//! JIT on and off, each attached with `lrec -p` after it started. Also a stripped host
-//! that links LuaJIT statically and runs one VM per thread.
+//! JIT on and off, each attached with `lrec -p` after it started; the other kinds of calls
+//! (fixtures/workloads/lua/kinds.lua); and a stripped host that links LuaJIT statically
+//! and runs one VM per thread.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -28,20 +29,39 @@ fn workload(name: &str) -> PathBuf {
     root().join("fixtures/workloads/lua").join(name)
 }
 
-/// Runs chains.lua under `luajit` for 10 s, attaches after 1 s for 8 s, and checks that
-/// ≥ 95 % of the samples in `hot` show the exact chain, and every scenario is seen.
-fn chains_are_exact(what: &str, luajit: PathBuf, jit_off: bool) {
+/// kinds.lua's true Lua chains, one per hot function (the last line of each), root first.
+fn kinds_truth() -> Vec<Vec<u32>> {
+    let mut deep = vec![0, 58, 54];
+    deep.extend([50; 251]);
+    deep.push(25);
+    vec![
+        vec![0, 58, 26, 23, 16],
+        vec![0, 58, 30, 28, 17],
+        vec![0, 58, 37, 31, 33, 18],
+        vec![0, 58, 38, 19],
+        vec![0, 58, 40, 20],
+        vec![0, 58, 42, 21],
+        vec![0, 58, 44, 43, 22],
+        vec![0, 58, 46, 47, 24],
+        deep,
+    ]
+}
+
+/// Runs a Lua workload under `luajit` for 10 s, attaches after 1 s for `secs`, and checks
+/// that ≥ 95 % of the samples whose innermost Lua function is a hot one (the last line of
+/// a true chain) show its exact chain, and that every chain is seen.
+fn lua_is_exact(what: &str, luajit: PathBuf, jit_off: bool, file: &str, truths: &[Vec<u32>]) {
     let Some(_guard) = bpf_test(what) else {
         return;
     };
     let dir = tempfile_dir(&what.replace(' ', "-"));
-    let cap = dir.join("chains.lrec");
+    let cap = dir.join("lua.lrec");
     let mut cmd = Command::new(&luajit);
     if jit_off {
         cmd.arg("-joff");
     }
     let mut target = cmd
-        .arg(workload("chains.lua"))
+        .arg(workload(file))
         .arg("10")
         .stdout(Stdio::null())
         .spawn()
@@ -52,35 +72,52 @@ fn chains_are_exact(what: &str, luajit: PathBuf, jit_off: bool) {
     target.wait().unwrap();
 
     let (stacks, _) = folded(&cap, &["--offline"]);
-    let score = score_lua(&stacks, "chains.lua", 12, &chains_truth());
+    let mut hots: Vec<u32> = truths.iter().map(|t| *t.last().unwrap()).collect();
+    hots.dedup();
+    let mut total = Score::default();
+    for hot in hots {
+        let score = score_lua(&stacks, file, hot, truths);
+        total.judged += score.judged;
+        total.exact += score.exact;
+        total.per_leaf.extend(score.per_leaf);
+        total.wrong.extend(score.wrong);
+    }
     eprintln!(
-        "{what}: {}/{} samples in hot exact ({:.2} %), per chain {:?}",
-        score.exact,
-        score.judged,
-        100.0 * score.fraction(),
-        score.per_leaf
+        "{what}: {}/{} samples in hot functions exact ({:.2} %), per chain {:?}",
+        total.exact,
+        total.judged,
+        100.0 * total.fraction(),
+        total.per_leaf
     );
     assert!(
-        score.judged >= 500,
-        "{what}: only {} samples in hot",
-        score.judged
+        total.judged >= 500,
+        "{what}: only {} samples judged",
+        total.judged
     );
     assert!(
-        score.fraction() >= 0.95,
+        total.fraction() >= 0.95,
         "{what}: only {:.2} % exact; wrong stacks: {:#?}",
-        100.0 * score.fraction(),
-        score.wrong
+        100.0 * total.fraction(),
+        total.wrong
     );
-    // Every scenario shows up (a chain-specific failure cannot hide in the average).
-    for truth in chains_truth() {
+    // Every chain shows up: a failure of one kind cannot hide in the average.
+    for truth in truths {
         let seen: u64 = stacks
             .iter()
-            .filter(|(f, _)| lua_chain(f, "chains.lua") == truth)
+            .filter(|(f, _)| lua_chain(f, file) == *truth)
             .map(|(_, n)| n)
             .sum();
-        assert!(seen >= 20, "{what}: chain {truth:?} seen {seen} times");
+        assert!(seen >= 10, "{what}: chain {truth:?} seen {seen} times");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn chains_are_exact(what: &str, luajit: PathBuf, jit_off: bool) {
+    lua_is_exact(what, luajit, jit_off, "chains.lua", &chains_truth());
+}
+
+fn kinds_are_exact(what: &str, luajit: PathBuf, jit_off: bool) {
+    lua_is_exact(what, luajit, jit_off, "kinds.lua", &kinds_truth());
 }
 
 #[test]
@@ -115,6 +152,28 @@ fn upstream_gc32_jit_on() {
 #[test]
 fn upstream_gc32_jit_off() {
     chains_are_exact("gc32 joff", fixture_bin("luajit-gc32"), true);
+}
+
+#[test]
+fn kinds_debian_luajit_jit_on() {
+    if let Some(lj) = installed("/usr/bin/luajit", "Debian luajit, kinds") {
+        kinds_are_exact("kinds debian luajit jit on", lj, false);
+    }
+}
+
+#[test]
+fn kinds_gc64_jit_off() {
+    kinds_are_exact("kinds gc64 joff", fixture_bin("luajit-gc64"), true);
+}
+
+#[test]
+fn kinds_gc32_jit_on() {
+    kinds_are_exact("kinds gc32 jit on", fixture_bin("luajit-gc32"), false);
+}
+
+#[test]
+fn kinds_gc32_jit_off() {
+    kinds_are_exact("kinds gc32 joff", fixture_bin("luajit-gc32"), true);
 }
 
 /// fixtures/bin/lua-host: stripped, LuaJIT linked in, three threads with a VM each.
