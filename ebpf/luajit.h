@@ -54,6 +54,7 @@ struct lua_work {
 	__u32 flags;
 	__u32 scanned;      /* stack slots scanned so far */
 	__u32 copied;       /* stack bytes copied for the sample */
+	__u32 tgid;
 	__u8 fn[72];        /* the GCfunc being read (and 8 bytes of slack) */
 };
 
@@ -63,6 +64,36 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lua_work);
 } lua_work_map SEC(".maps");
+
+/* Protos already copied out: (tgid, address, chunk name, first line, line count, size). */
+struct lua_proto_key {
+	__u32 tgid;
+	__s32 firstline;
+	__u64 ptr;
+	__u64 chunkname;
+	__u32 numline;
+	__u32 sizebc;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct lua_proto_key);
+	__type(value, __u32);
+} lua_protos_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} lua_protos SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lrec_lua_proto);
+} lua_proto_buf SEC(".maps");
+
 
 static __always_inline struct lua_work *lua_work(void)
 {
@@ -191,6 +222,47 @@ static __always_inline int lua_parent(struct lua_work *w)
 	return 1;
 }
 
+/* Copies a proto's chunk name and line table out the first time a sample runs it. */
+static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_frame *f)
+{
+	struct lua_proto_key k = {
+		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+	};
+	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
+		return;
+	__u32 zero = 0;
+	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
+	if (!p)
+		return;
+	p->tgid = w->tgid;
+	p->ptr = f->ptr;
+	p->chunkname = f->chunkname;
+	p->firstline = f->firstline;
+	p->numline = f->numline;
+	p->sizebc = f->sizebc;
+	__u32 len = rd32(f->chunkname + w->cfg.str_len);
+	p->chunkname_len = len;
+	if (len > LREC_LUA_CHUNKNAME)
+		len = LREC_LUA_CHUNKNAME;
+	if (len && bpf_probe_read_user(p->name, len & (2 * LREC_LUA_CHUNKNAME - 1),
+				       (void *)(f->chunkname + w->cfg.str_data)))
+		return;
+	__u32 width = f->numline < 256 ? 1 : f->numline < 65536 ? 2 : 4;
+	__u32 n = (f->sizebc ? f->sizebc - 1 : 0) * width;
+	if (n > LREC_LUA_LINEINFO)
+		n = LREC_LUA_LINEINFO;
+	__u64 li = rdref(w, f->ptr + w->cfg.pt_lineinfo);
+	p->lineinfo_len = 0;
+	if (n && li &&
+	    !bpf_probe_read_user(p->lineinfo, n & (2 * LREC_LUA_LINEINFO - 1), (void *)li))
+		p->lineinfo_len = n;
+	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
+		return;
+	__u32 one = 1;
+	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+}
+
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */
 static long lua_step(__u64 i, void *unused)
 {
@@ -262,6 +334,7 @@ static long lua_step(__u64 i, void *unused)
 		f->sizebc = rd32(pt + c->pt_sizebc);
 		if (w->pc > bc && w->pc - bc < (1ULL << 26))
 			f->pos = (__u32)((w->pc - bc) / 4) - 1;
+		lua_note_proto(w, f);
 	} else {
 		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
 	}
@@ -312,6 +385,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->window = b->s.stack_len ? b->s.stack_len : LREC_PAGE_SIZE;
 	w->copied = b->s.stack_len;
 	w->cpu = cpu;
+	w->tgid = tgid;
 	w->g = 0;
 	w->n = 0;
 	w->flags = 0;

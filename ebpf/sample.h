@@ -74,6 +74,29 @@ struct lrec_lua_config {
 	__u32 pt_sizebc;
 	__u32 pt_chunkname;
 	__u32 pt_firstline; /* numline follows it */
+	__u32 pt_lineinfo;
+	__u32 str_len;    /* GCstr */
+	__u32 str_data;
+	__u32 pad;
+};
+
+/* Most chunk-name bytes and line-table bytes copied with a proto. */
+#define LREC_LUA_CHUNKNAME 512
+#define LREC_LUA_LINEINFO 4096
+
+/* A proto's names and lines, copied once (per address, chunk name, lines and size) when a
+ * sample first runs it: short-lived code is gone by the time lrec could read it. */
+struct lrec_lua_proto {
+	__u32 tgid;
+	__u32 chunkname_len; /* the whole length; at most LREC_LUA_CHUNKNAME bytes copied */
+	__u64 ptr;
+	__u64 chunkname;
+	__s32 firstline;
+	__u32 numline;
+	__u32 sizebc;
+	__u32 lineinfo_len;  /* bytes copied */
+	__u8 name[LREC_LUA_CHUNKNAME];
+	__u8 lineinfo[LREC_LUA_LINEINFO];
 };
 
 /* One Lua frame. */

@@ -149,8 +149,10 @@ pub fn unwind_user<'c>(
         let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
         if let Some(vm) = vm {
             let in_vm = vm.in_vm(lookup);
+            // JIT-compiled code: anonymous memory, or memory mapped after maps were read
+            // (LuaJIT maps new machine-code areas as it compiles).
             let jit_code =
-                !covered && executable.is_some_and(|i| space.region_at(i).image.is_none());
+                !covered && executable.is_none_or(|i| space.region_at(i).image.is_none());
             // Below the innermost C frame: a helper the VM called, or one of a trace.
             let off_cframe = in_vm && frame_sp < vm.innermost;
             if jit_code || off_cframe {

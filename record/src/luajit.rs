@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 
 use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
 
-use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, MAX_LUA_RANGES};
+use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, MAX_LUA_RANGES};
 
 /// Samples in the interpreter that must agree on a layout before it is used.
 const VOTES_NEEDED: u32 = 3;
@@ -123,6 +123,20 @@ pub const LAYOUTS: &[Layout] = &[
     },
     GC32,
     Layout {
+        name: "upstream-2022-gc64",
+        g2disp: 3968,
+        g_cur_l: 368,
+        g_jit_base: 376,
+        ..GC64
+    },
+    Layout {
+        name: "upstream-2022-gc32",
+        g2disp: 3176,
+        g_cur_l: 288,
+        g_jit_base: 292,
+        ..GC32
+    },
+    Layout {
         name: "openresty-gc32",
         g2disp: 3216,
         g_cur_l: 288,
@@ -173,6 +187,8 @@ struct ProtoKey {
 pub struct LuaJit {
     procs: HashMap<u32, ProcessVm>,
     protos: HashMap<ProtoKey, Option<u32>>,
+    /// Chunk names and line tables BPF copied when a sample first ran a proto.
+    copied: HashMap<ProtoKey, RawLuaProto>,
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -202,6 +218,24 @@ impl LuaJit {
             // A second copy of the VM (another library): the walker must know it too.
             let cfg = config(&LAYOUTS[i], &p.code);
             self.configs.push((pid, cfg));
+        }
+    }
+
+    /// Keeps a proto BPF copied (from the `lua_protos` ring).
+    pub fn on_proto(&mut self, bytes: &[u8]) {
+        let Some(p) = RawLuaProto::decode(bytes) else {
+            return;
+        };
+        let key = ProtoKey {
+            pid: p.tgid,
+            ptr: p.ptr,
+            chunkname: p.chunkname,
+            firstline: p.firstline,
+            numline: p.numline,
+            sizebc: p.sizebc,
+        };
+        if !self.protos.contains_key(&key) {
+            self.copied.insert(key, p);
         }
     }
 
@@ -278,8 +312,18 @@ impl LuaJit {
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
+        // BPF's copy was taken when the sample ran the proto: it names it. The live
+        // proto adds the names of callees, if it still is the same code (its chunk name
+        // and lines may since belong to another: memory is reused after GC).
         let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
-        let read = mem.and_then(|m| read_proto(m, layout, f));
+        let live = mem.and_then(|m| read_proto(m, layout, f));
+        let read = match self.copied.remove(&key).map(|c| copied_proto(&c)) {
+            Some(copy) => Some(match live {
+                Some(l) if l.chunkname == copy.chunkname && l.lines == copy.lines => l,
+                _ => copy,
+            }),
+            None => live,
+        };
         let id = read.map(|mut proto| {
             let id = self.next_proto;
             self.next_proto += 1;
@@ -308,14 +352,17 @@ impl LuaJit {
         // during the recording is not an unknown one.
         *tries += u32::from(in_vm);
         for (i, layout) in LAYOUTS.iter().enumerate() {
-            let by_register = validates(mem, layout, sample.regs.r14);
-            if by_register || on_stack(mem, layout, sample) {
+            let by_register = validates(mem, layout, sample.regs.r14, &p.code);
+            if by_register || on_stack(mem, layout, sample, &p.code) {
                 votes[i] += 1;
             }
         }
         let best = (0..votes.len()).max_by_key(|&i| votes[i]).unwrap_or(0);
         let total: u32 = votes.iter().sum();
-        if votes[best] >= VOTES_NEEDED && votes[best] == total {
+        // Unanimous, or (should a stray value ever validate another layout) a 95 % majority.
+        let decided = (votes[best] >= VOTES_NEEDED && votes[best] == total)
+            || (votes[best] >= 20 * VOTES_NEEDED && votes[best] * 20 >= total * 19);
+        if decided {
             p.detection = Detection::Ready(best);
             let layout = &LAYOUTS[best];
             self.configs.push((sample.pid, config(layout, &p.code)));
@@ -389,6 +436,9 @@ pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
         pt_sizebc: l.pt_sizebc,
         pt_chunkname: l.pt_chunkname,
         pt_firstline: l.pt_firstline,
+        pt_lineinfo: l.pt_lineinfo,
+        str_len: l.str_len,
+        str_data: l.str_data,
         ..RawLuaConfig::default()
     };
     for (i, r) in code.iter().take(MAX_LUA_RANGES).enumerate() {
@@ -419,14 +469,19 @@ fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
 }
 
 /// Whether `r14` (DISPATCH while the interpreter runs) points into a VM of this layout:
-/// G = DISPATCH - GG_G2DISP, its current state's `glref` must lead back to G, and its
-/// `vmstate` must be a trace number or one of the LJ_VMST_* states.
-fn validates(mem: &File, l: &Layout, r14: u64) -> bool {
+/// the dispatch table's first entry must be interpreter code, G = DISPATCH - GG_G2DISP,
+/// its current state's `glref` must lead back to G, and its `vmstate` must be a trace
+/// number or one of the LJ_VMST_* states.
+fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
     let disp = if l.gc64 { r14 } else { r14 & 0xffff_ffff };
     let Some(g) = disp.checked_sub(u64::from(l.g2disp)).filter(|&g| g != 0) else {
         return false;
     };
     let check = || -> Option<bool> {
+        let first = read_u64(mem, disp)?;
+        if !code.iter().any(|c| first >= c.start && first < c.end) {
+            return Some(false);
+        }
         let cur_l = read_ref(mem, l, g + u64::from(l.g_cur_l))?;
         let glref = read_ref(mem, l, cur_l + u64::from(l.l_glref))?;
         let vmstate = read_u32(mem, g + u64::from(l.g_vmstate))? as i32;
@@ -438,7 +493,7 @@ fn validates(mem: &File, l: &Layout, r14: u64) -> bool {
 /// Whether the sample's stack holds a C frame of a VM of this layout (JIT-compiled code
 /// of GC32 builds keeps no DISPATCH in r14): a slot whose SAVE_L names a state whose
 /// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
-fn on_stack(mem: &File, l: &Layout, sample: &Sample) -> bool {
+fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
     let cf_l = if l.gc64 { 16 } else { 24 };
     let width = if l.gc64 { 8 } else { 4 };
     let stack = &sample.user_stack;
@@ -456,7 +511,7 @@ fn on_stack(mem: &File, l: &Layout, sample: &Sample) -> bool {
             let cf = sample.regs.sp + off as u64;
             read_u64(mem, state + u64::from(l.l_cframe)).is_some_and(|c| c & !3 == cf)
                 && read_ref(mem, l, state + u64::from(l.l_glref))
-                    .is_some_and(|g| validates(mem, l, g + u64::from(l.g2disp)))
+                    .is_some_and(|g| validates(mem, l, g + u64::from(l.g2disp), code))
         })
 }
 
@@ -535,11 +590,34 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
     Some(crate::luajit_bytecode::callee_names(&proto))
 }
 
+/// A proto from BPF's copy: chunk name and lines (no callee names).
+fn copied_proto(c: &RawLuaProto) -> LuaProto {
+    let name_len = (c.chunkname_len as usize).min(c.name.len());
+    let width = match c.numline {
+        0..=255 => 1,
+        256..=65535 => 2,
+        _ => 4,
+    };
+    let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
+    let expected = c.sizebc.saturating_sub(1) as usize * width;
+    LuaProto {
+        pid: 0,
+        id: 0,
+        chunkname: String::from_utf8_lossy(&c.name[..name_len]).into_owned(),
+        firstline: c.firstline,
+        numline: c.numline,
+        lines: match raw.len() == expected {
+            true => lines_from(raw, width, c.firstline, c.numline),
+            false => Vec::new(),
+        },
+        callee_names: Vec::new(),
+    }
+}
+
 /// The line of each bytecode position, as lj_debug_line computes it: the header is the
 /// first line, `sizebc` the last, and lineinfo holds offsets from the first line of
 /// the others, in bytes, halfwords or words depending on the line count.
 fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
-    let first = firstline.max(0) as u32;
     let width = match numline {
         0..=255 => 1,
         256..=65535 => 2,
@@ -550,6 +628,13 @@ fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u
     if lineinfo == 0 || mem.read_exact_at(&mut raw, lineinfo).is_err() {
         return Vec::new();
     }
+    lines_from(&raw, width, firstline, numline)
+}
+
+/// Lines per bytecode position from a raw lineinfo array of `width`-byte entries.
+fn lines_from(raw: &[u8], width: usize, firstline: i32, numline: u32) -> Vec<u32> {
+    let first = firstline.max(0) as u32;
+    let n = raw.len() / width;
     let mut lines = Vec::with_capacity(n + 2);
     lines.push(first);
     lines.extend(raw.chunks_exact(width).map(|c| {

@@ -93,6 +93,35 @@ pub struct RawLuaConfig {
     pub pt_sizebc: u32,
     pub pt_chunkname: u32,
     pub pt_firstline: u32,
+    pub pt_lineinfo: u32,
+    pub str_len: u32,
+    pub str_data: u32,
+    pub pad: u32,
+}
+
+pub const LUA_CHUNKNAME: usize = 512;
+pub const LUA_LINEINFO: usize = 4096;
+
+/// `struct lrec_lua_proto`: a proto's chunk name and line table, copied by BPF.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct RawLuaProto {
+    pub tgid: u32,
+    pub chunkname_len: u32,
+    pub ptr: u64,
+    pub chunkname: u64,
+    pub firstline: i32,
+    pub numline: u32,
+    pub sizebc: u32,
+    pub lineinfo_len: u32,
+    pub name: [u8; LUA_CHUNKNAME],
+    pub lineinfo: [u8; LUA_LINEINFO],
+}
+
+impl RawLuaProto {
+    pub fn decode(bytes: &[u8]) -> Option<RawLuaProto> {
+        read_pod(bytes, 0)
+    }
 }
 
 // SAFETY: plain old data without padding (asserted in the layout test).
@@ -196,7 +225,8 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 22 * 4);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4);
+        assert_eq!(size_of::<RawLuaProto>(), 40 + 512 + 4096);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
         assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }

@@ -151,11 +151,15 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
 fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     let mut failure = None;
-    sampler.drain(|bytes| {
-        if failure.is_none() {
-            failure = rec.on_sample(bytes).err();
-        }
-    });
+    let rec = std::cell::RefCell::new(rec);
+    sampler.drain(
+        |bytes| {
+            if failure.is_none() {
+                failure = rec.borrow_mut().on_sample(bytes).err();
+            }
+        },
+        |bytes| rec.borrow_mut().lua.on_proto(bytes),
+    );
     failure.map_or(Ok(()), Err)
 }
 

@@ -67,6 +67,7 @@ pub struct Sampler {
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
+    lua_protos: RingBuf<MapData>,
     _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
 }
@@ -162,6 +163,7 @@ impl Sampler {
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
         let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
+        let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
         // A static program has no loader and nothing to watch.
         let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders) {
             Ok(w) => Some(w),
@@ -179,6 +181,7 @@ impl Sampler {
             ring,
             lost,
             lua_config,
+            lua_protos,
             _targets: targets,
             loader,
         })
@@ -227,10 +230,15 @@ impl Sampler {
         changed
     }
 
-    /// Hands every pending sample record to `f`.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) {
+    /// Hands every pending sample record to `sample`, and before each, the Lua protos
+    /// BPF copied until then to `proto` (a sample's new protos are copied before it is
+    /// committed, so they are all seen before it).
+    pub fn drain(&mut self, mut sample: impl FnMut(&[u8]), mut proto: impl FnMut(&[u8])) {
         while let Some(item) = self.ring.next() {
-            f(&item);
+            while let Some(p) = self.lua_protos.next() {
+                proto(&p);
+            }
+            sample(&item);
         }
     }
 

@@ -176,6 +176,91 @@ fn kinds_gc32_jit_off() {
     kinds_are_exact("kinds gc32 joff", fixture_bin("luajit-gc32"), true);
 }
 
+/// fixtures/workloads/lua/reload.lua recreates its functions continually (load() of new
+/// text, modules re-required, collectgarbage()): ≥ 99 % of the samples in them name the
+/// chunk and line that ran.
+fn reloaded_code_is_named_right(what: &str, luajit: PathBuf, jit_off: bool) {
+    let Some(_guard) = bpf_test(what) else {
+        return;
+    };
+    let dir = tempfile_dir(&what.replace(' ', "-"));
+    let cap = dir.join("reload.lrec");
+    let mut cmd = Command::new(&luajit);
+    if jit_off {
+        cmd.arg("-joff");
+    }
+    let mut target = cmd
+        .arg(workload("reload.lua"))
+        .arg("8")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, 6, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let gen = regex::Regex::new(r"(?:^|\s)gen_(\d+):(\d+)$").unwrap();
+    let module = regex::Regex::new(r"reload_([ab])\.lua:(\d+)$").unwrap();
+    let (mut judged, mut right) = (0, 0);
+    let mut wrong = Vec::new();
+    for (frames, n) in &stacks {
+        // The innermost frame of recreated code: generated chunks, the modules, or
+        // a function lrec could not name.
+        let Some(leaf) = frames.iter().rev().find(|f| {
+            gen.is_match(f) || module.is_match(f) || f.contains("[unknown Lua function]")
+        }) else {
+            continue;
+        };
+        judged += n;
+        let ok = if let Some(c) = gen.captures(leaf) {
+            let (chunk, line): (u32, u32) = (c[1].parse().unwrap(), c[2].parse().unwrap());
+            line == 0 || line == 1 + chunk % 7
+        } else if let Some(c) = module.captures(leaf) {
+            let line: u32 = c[2].parse().unwrap();
+            line == 0 || line == if &c[1] == "a" { 3 } else { 6 }
+        } else {
+            false
+        };
+        if ok {
+            right += n;
+        } else {
+            wrong.push((leaf.clone(), *n));
+        }
+    }
+    eprintln!(
+        "{what}: {right}/{judged} samples in recreated code named right ({:.2} %)",
+        100.0 * right as f64 / judged.max(1) as f64
+    );
+    assert!(
+        judged >= 500,
+        "{what}: only {judged} samples in recreated code"
+    );
+    assert!(
+        right as f64 >= 0.99 * judged as f64,
+        "{what}: {right}/{judged}; wrong: {wrong:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn reload_gc64_jit_on() {
+    reloaded_code_is_named_right("reload gc64 jit on", fixture_bin("luajit-gc64"), false);
+}
+
+#[test]
+fn reload_gc32_jit_off() {
+    reloaded_code_is_named_right("reload gc32 joff", fixture_bin("luajit-gc32"), true);
+}
+
+#[test]
+fn reload_debian_luajit_jit_on() {
+    if let Some(lj) = installed("/usr/bin/luajit", "Debian luajit, reload") {
+        reloaded_code_is_named_right("reload debian luajit jit on", lj, false);
+    }
+}
+
 /// fixtures/bin/lua-host: stripped, LuaJIT linked in, three threads with a VM each.
 /// Thread vm-k runs run (line 10) → work_k (4 + k) → hot_k (1 + k); a thread's samples
 /// must all name its own VM's functions.
