@@ -35,12 +35,13 @@ fixtures: setup
 test: build fixtures
 	$(CARGO) test --release --workspace
 
-## Records the bundled native workload for 4 s and writes a flamegraph.
+## Records a bundled LuaJIT workload for 4 s and writes a C + Lua flamegraph.
 demo: build fixtures
 	@mkdir -p $(DEMO_DIR)
-	./target/release/lrec -F 499 -o $(DEMO_DIR)/native.lrec -- fixtures/build/native 4
-	./target/release/lanalyze $(DEMO_DIR)/native.lrec --flamegraph -o $(DEMO_DIR)/flamegraph.svg
-	./target/release/lanalyze $(DEMO_DIR)/native.lrec --top 12
+	./target/release/lrec -F 499 -o $(DEMO_DIR)/lua.lrec -- \
+		fixtures/bin/luajit-gc64 fixtures/workloads/lua/chains.lua 4
+	./target/release/lanalyze $(DEMO_DIR)/lua.lrec --flamegraph -o $(DEMO_DIR)/flamegraph.svg
+	./target/release/lanalyze $(DEMO_DIR)/lua.lrec --top 12
 	@echo "flamegraph: $(DEMO_DIR)/flamegraph.svg"
 
 ## lrec vs perf on the same process at the same time: bytes/sample and analysis speed.

@@ -56,6 +56,11 @@ struct lua_work {
 	__u32 copied;       /* stack bytes copied for the sample */
 	__u32 tgid;
 	__u8 fn[72];        /* the GCfunc being read (and 8 bytes of slack) */
+	__u8 pt[136];       /* the GCproto fields read, from sizebc on, and slack */
+	__u64 nres_of;      /* the C frame whose nres is cached */
+	__s32 nres;
+	__u32 pad;
+	__u64 last_pt;      /* the proto of the previous Lua frame, already noted */
 };
 
 struct {
@@ -290,8 +295,12 @@ static long lua_step(__u64 i, void *unused)
 	/* C frames without a Lua frame of their own (cpcall: lua_load, the trace
 	 * recorder) end below the stack top they saved. */
 	for (int k = 0; k < 4; k++) {
-		__s32 nres = (__s32)rd32(w->cf + c->cf_nres);
-		if (nres >= 0 || w->frame >= w->stack + (__u64)(-(__s64)nres))
+		/* The C frame's saved nres, read once per C frame. */
+		if (w->nres_of != w->cf) {
+			w->nres_of = w->cf;
+			w->nres = (__s32)rd32(w->cf + c->cf_nres);
+		}
+		if (w->nres >= 0 || w->frame >= w->stack + (__u64)(-(__s64)w->nres))
 			break;
 		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
 		if (!prev)
@@ -328,13 +337,24 @@ static long lua_step(__u64 i, void *unused)
 		__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
 		__u64 pt = bc - c->pt_size;
 		f->ptr = pt;
-		f->chunkname = rdref(w, pt + c->pt_chunkname);
-		f->firstline = (__s32)rd32(pt + c->pt_firstline);
-		f->numline = rd32(pt + c->pt_firstline + 4);
-		f->sizebc = rd32(pt + c->pt_sizebc);
+		/* One read from sizebc to numline: the fields that tell protos apart. */
+		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
+		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc))) {
+			w->flags |= LREC_LUA_BROKEN;
+			return 1;
+		}
+		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
+		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
+		f->chunkname = c->gc64 ? *(__u64 *)&w->pt[o_name] : *(__u32 *)&w->pt[o_name];
+		f->firstline = *(__s32 *)&w->pt[o_line];
+		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
+		f->sizebc = *(__u32 *)&w->pt[0];
 		if (w->pc > bc && w->pc - bc < (1ULL << 26))
 			f->pos = (__u32)((w->pc - bc) / 4) - 1;
-		lua_note_proto(w, f);
+		/* Recursion repeats one proto: note it once. */
+		if (pt != w->last_pt)
+			lua_note_proto(w, f);
+		w->last_pt = pt;
 	} else {
 		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
 	}
@@ -389,6 +409,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->g = 0;
 	w->n = 0;
 	w->flags = 0;
+	w->nres_of = 0;
+	w->last_pt = 0;
 	if (!lua_find(w, r, tid))
 		return 0;
 	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);

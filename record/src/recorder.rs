@@ -128,6 +128,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     // What the last moments left in the ring buffer, whatever ended the recording.
     drain(&mut sampler, &mut rec)?;
     rec.note_lost(sampler.lost())?;
+    let bpf_cost = sampler.bpf_cost();
     drop(sampler);
     let summary = rec.finish(&reason)?;
     if !args.quiet {
@@ -144,6 +145,12 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
             summary.bytes.checked_div(summary.samples).unwrap_or(0),
             output.display(),
         );
+        if let Some((runs, time)) = bpf_cost {
+            eprintln!(
+                "lrec: BPF sampler: {runs} runs, {:.1} us per run (kernel.bpf_stats_enabled)",
+                time.as_nanos() as f64 / runs as f64 / 1000.0
+            );
+        }
     }
     Ok(())
 }

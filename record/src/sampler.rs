@@ -242,6 +242,14 @@ impl Sampler {
         }
     }
 
+    /// The sampling program's runs and total run time so far, when the kernel counts
+    /// them (`sysctl kernel.bpf_stats_enabled=1`).
+    pub fn bpf_cost(&self) -> Option<(u64, Duration)> {
+        let prog: &PerfEvent = self._ebpf.program("sample")?.try_into().ok()?;
+        let info = prog.info().ok()?;
+        (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
+    }
+
     /// Samples dropped by BPF so far because the ring buffer was full.
     pub fn lost(&self) -> u64 {
         self.lost
