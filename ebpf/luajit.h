@@ -61,6 +61,10 @@ struct lua_work {
 	__s32 nres;
 	__u32 pad;
 	__u64 last_pt;      /* the proto of the previous Lua frame, already noted */
+	__u64 last_func;    /* the function of the previous frame */
+	__u64 last_bc;      /* its bytecode */
+	__u64 last_call;    /* the last return PC read, and its call's A operand */
+	__u64 last_a;
 };
 
 struct {
@@ -283,8 +287,11 @@ static long lua_step(__u64 i, void *unused)
 	struct lrec_lua_config *c = &w->cfg;
 	__u64 func, link;
 	if (c->gc64) {
-		link = rd64(w->frame);
-		func = rd64(w->frame - 8) & LJ_GCVMASK;
+		/* The function and the link, in one read. */
+		__u64 slots[2] = {};
+		bpf_probe_read_user(slots, sizeof(slots), (void *)(w->frame - 8));
+		func = slots[0] & LJ_GCVMASK;
+		link = slots[1];
 	} else {
 		__u64 slot = rd64(w->frame);
 		func = (__u32)slot;
@@ -315,15 +322,27 @@ static long lua_step(__u64 i, void *unused)
 		w->frame -= delta;
 		return 0;
 	}
-	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 64, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
-		w->flags |= LREC_LUA_BROKEN;
-		return 1;
-	}
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
 	if (!b)
 		return 1;
 	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
+	if (w->n > 0 && func == w->last_func) {
+		/* Recursion: the function of the frame above again; its proto fields too. */
+		struct lrec_lua_frame *prev =
+			(void *)&b->data[(w->out - sizeof(*f)) & (LREC_DATA_SIZE - 1)];
+		__builtin_memcpy(f, prev, sizeof(*f));
+		f->cframe = w->cf;
+		f->link = typep;
+		f->pos = ~0U;
+		if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc < (1ULL << 26))
+			f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
+		goto emitted;
+	}
+	__u8 *fn = w->fn;
+	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
 	f->func = func;
 	f->cframe = w->cf;
 	f->ffid = fn[c->fn_ffid & 63];
@@ -355,18 +374,25 @@ static long lua_step(__u64 i, void *unused)
 		if (pt != w->last_pt)
 			lua_note_proto(w, f);
 		w->last_pt = pt;
+		w->last_bc = bc;
 	} else {
 		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
 	}
+	w->last_func = func;
+emitted:
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
 
 	if (type == LJ_FRAME_LUA) {
-		/* The caller runs at the return PC; the call's A operand sizes its frame. */
+		/* The caller runs at the return PC; the call's A operand sizes its frame (the
+		 * same call site again in a recursion: read once). */
 		__u64 pc = c->gc64 ? link : (__u32)link;
-		__u32 ins = rd32(pc - 4);
+		if (pc != w->last_call) {
+			w->last_call = pc;
+			w->last_a = (rd32(pc - 4) >> 8) & 0xff;
+		}
 		w->pc = pc;
-		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + ((ins >> 8) & 0xff));
+		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
 		return 0;
 	}
 	if (!delta)
@@ -411,6 +437,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->flags = 0;
 	w->nres_of = 0;
 	w->last_pt = 0;
+	w->last_func = 0;
+	w->last_call = 0;
 	if (!lua_find(w, r, tid))
 		return 0;
 	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);

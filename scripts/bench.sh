@@ -65,7 +65,7 @@ awk -v lb="$lrec_bytes" -v ls="$lrec_samples" -v lt="$lt" \
 #    under `lrec -F 999` and under `perf record --call-graph dwarf,16384 -F 999`, alternating,
 #    whole-command wall time; the median of $LUA_RUNS runs each. With kernel.bpf_stats_enabled
 #    lrec also reports its BPF program's cost per sample.
-LUA_RUNS=${LUA_RUNS:-7}
+LUA_RUNS=${LUA_RUNS:-5}
 LUAJIT=fixtures/bin/luajit-gc64
 CHAINS=fixtures/workloads/lua/chains.lua
 wall() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'; }
@@ -76,8 +76,8 @@ echo
 printf "LuaJIT overhead: %s, fixed work, %d runs each, alternating, median wall time\n" "$CHAINS" "$LUA_RUNS"
 printf "%-8s %10s %10s %10s %12s %12s %14s\n" "mode" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown" "BPF us/sample"
 for mode in on off; do
-  flags=""; rounds=3000
-  if [ "$mode" = off ]; then flags="-joff"; rounds=1500; fi
+  flags=""; rounds=12000
+  if [ "$mode" = off ]; then flags="-joff"; rounds=8000; fi
   : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/perf.t"; : >"$OUT/bpf.t"
   for _ in $(seq "$LUA_RUNS"); do
     wall $LUAJIT $flags $CHAINS 0 $rounds >>"$OUT/bare.t"

@@ -79,8 +79,9 @@ struct LoaderWatch {
 }
 
 impl LoaderWatch {
-    fn attach(pid: u32, loaders: &[PathBuf]) -> Result<LoaderWatch, SamplerError> {
+    fn attach(pid: u32, loaders: &[PathBuf], btf: &Btf) -> Result<LoaderWatch, SamplerError> {
         let mut ebpf = EbpfLoader::new()
+            .btf(Some(btf))
             .override_global("target_tgid", &pid, true)
             .load(LOADER_BPF)
             .map_err(SamplerError::Load)?;
@@ -111,7 +112,10 @@ impl Sampler {
         let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
         let follow = u32::from(cfg.follow_children);
+        // The kernel's BTF, parsed once for every program (each parse costs ~80 ms).
+        let btf = Btf::from_sys_fs().map_err(|e| SamplerError::Btf(e.to_string()))?;
         let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
             .override_global("stack_size", &cfg.stack_size, true)
             .override_global("follow_children", &follow, true)
             .override_global("wakeup_bytes", &wakeup_bytes, true)
@@ -130,7 +134,6 @@ impl Sampler {
                 })?;
         }
         // Processes forked by the targets join them (and leave the map when they exit).
-        let btf = Btf::from_sys_fs().map_err(|e| SamplerError::Btf(e.to_string()))?;
         for (name, event) in [
             ("on_fork", "sched_process_fork"),
             ("on_exit", "sched_process_exit"),
@@ -165,7 +168,7 @@ impl Sampler {
         let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
         let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
         // A static program has no loader and nothing to watch.
-        let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders) {
+        let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders, &btf) {
             Ok(w) => Some(w),
             Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
             Err(e) => {
