@@ -47,6 +47,8 @@ enum UserFrame {
         proto: u32,
         line: u32,
         called_from: (u32, u32),
+        /// Running as JIT-compiled code (marked when asked).
+        jit: bool,
     },
     /// A Lua VM's built-in function.
     LuaBuiltin { pid: u32, id: u8 },
@@ -150,6 +152,7 @@ pub fn run(
     let lua_ctx = LuaContext {
         meta: &meta,
         lines: opts.lines,
+        mark_jit: opts.mark_jit,
     };
     let unwound: Vec<UnwoundChunk> = capture
         .chunks()
@@ -265,6 +268,8 @@ struct LuaContext<'a> {
     meta: &'a Metadata,
     /// Split Lua frames by current line.
     lines: bool,
+    /// Mark frames running JIT-compiled code.
+    mark_jit: bool,
 }
 
 impl LuaContext<'_> {
@@ -289,11 +294,14 @@ impl LuaContext<'_> {
                     .get(i + 1)
                     .filter(|c| c.kind == lua_frame_kind::LUA && luajit::called_by_lua(f.link));
                 let called_from = caller.map_or((u32::MAX, 0), |c| (c.function, c.pos));
+                // In a trace (vmstate ≥ 0) the innermost Lua frame runs compiled code.
+                let jit = self.mark_jit && i == 0 && stack.vmstate >= 0;
                 UserFrame::Lua {
                     pid,
                     proto: f.function,
                     line,
                     called_from,
+                    jit,
                 }
             }
             lua_frame_kind::BUILTIN => UserFrame::LuaBuiltin { pid, id: f.builtin },
@@ -662,8 +670,14 @@ fn user_frames(
             proto,
             line,
             called_from,
+            jit,
         } => {
-            push(lua_function_frame(meta, *pid, *proto, *line, *called_from));
+            let mut frame = lua_function_frame(meta, *pid, *proto, *line, *called_from);
+            if *jit {
+                // perf's mark for JIT-compiled code.
+                frame.function.push_str("_[j]");
+            }
+            push(frame);
             return;
         }
         UserFrame::LuaBuiltin { pid, id } => {

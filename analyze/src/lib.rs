@@ -38,6 +38,8 @@ pub struct Options {
     pub tid: Option<u32>,
     /// Split Lua frames by their current line.
     pub lines: bool,
+    /// Mark Lua frames that run JIT-compiled code (`_[j]`).
+    pub mark_jit: bool,
 }
 
 /// Errors that stop an analysis. Damaged data does not: it is counted and warned about.

@@ -60,6 +60,10 @@ struct Cli {
     /// 12 while it runs line 14.
     #[arg(long)]
     lines: bool,
+    /// Mark Lua frames that ran as JIT-compiled code with `_[j]` (perf's mark), e.g.
+    /// `hot app.lua:9_[j]`.
+    #[arg(long)]
+    mark_jit: bool,
 }
 
 fn main() {
@@ -83,6 +87,7 @@ fn run(cli: Cli) -> Result<()> {
         pid: cli.pid,
         tid: cli.tid,
         lines: cli.lines,
+        mark_jit: cli.mark_jit,
     };
     let profile = analyze(&capture, &opts)
         .with_context(|| format!("cannot analyse {}", cli.capture.display()))?;

@@ -49,7 +49,8 @@ pub struct Layout {
     /// GCstr: offset of `len`, and of the text (sizeof(GCstr)).
     pub str_len: u32,
     pub str_data: u32,
-    pub builtins: &'static [&'static str],
+    /// Names of built-in functions by ffid.
+    pub builtins: fn() -> Vec<&'static str>,
 }
 
 const GC64: Layout = Layout {
@@ -78,7 +79,7 @@ const GC64: Layout = Layout {
     pt_varinfo: 96,
     str_len: 20,
     str_data: 24,
-    builtins: crate::luajit_builtins::UPSTREAM,
+    builtins: upstream_builtins,
 };
 
 const GC32: Layout = Layout {
@@ -107,8 +108,12 @@ const GC32: Layout = Layout {
     pt_varinfo: 60,
     str_len: 16,
     str_data: 20,
-    builtins: crate::luajit_builtins::UPSTREAM,
+    builtins: upstream_builtins,
 };
+
+fn upstream_builtins() -> Vec<&'static str> {
+    crate::luajit_builtins::UPSTREAM.to_vec()
+}
 
 /// The layouts known, tried in order against the live process.
 pub const LAYOUTS: &[Layout] = &[
@@ -118,7 +123,7 @@ pub const LAYOUTS: &[Layout] = &[
         g2disp: 4008,
         g_cur_l: 368,
         g_jit_base: 376,
-        builtins: crate::luajit_builtins::OPENRESTY,
+        builtins: crate::luajit_builtins::openresty,
         ..GC64
     },
     GC32,
@@ -141,7 +146,7 @@ pub const LAYOUTS: &[Layout] = &[
         g2disp: 3216,
         g_cur_l: 288,
         g_jit_base: 292,
-        builtins: crate::luajit_builtins::OPENRESTY,
+        builtins: crate::luajit_builtins::openresty,
         ..GC32
     },
 ];
@@ -404,7 +409,7 @@ fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
         vm_end: code.end,
         cframe_size: code.cframe_size,
         builtins: layout
-            .map(|l| l.builtins.iter().map(|s| s.to_string()).collect())
+            .map(|l| (l.builtins)().into_iter().map(str::to_string).collect())
             .unwrap_or_default(),
         error: None,
     }

@@ -84,7 +84,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let reason = loop {
-        sampler.wait(Duration::from_millis(100))?;
+        sampler.wait(Duration::from_millis(100), target.pidfd())?;
         // New libraries first, while the process surely still has them mapped.
         if sampler.mappings_changed() {
             rec.refresh_all_maps()?;
@@ -228,6 +228,9 @@ struct Recording {
     /// segments (to place them in each mapping).
     vms: HashMap<Vec<u8>, (elf::LuaJitVm, Vec<lrec_format::Segment>)>,
     lua: LuaJit,
+    /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s).
+    kallsyms:
+        Option<std::thread::JoinHandle<Result<crate::kallsyms::KallsymsTable, procfs::ProcError>>>,
     samples: u64,
     lost: u64,
 }
@@ -244,6 +247,7 @@ impl Recording {
             kernel_addrs: HashSet::new(),
             vms: HashMap::new(),
             lua: LuaJit::default(),
+            kallsyms: Some(std::thread::spawn(crate::kallsyms::KallsymsTable::load)),
             samples: 0,
             lost: 0,
         }
@@ -544,13 +548,15 @@ impl Recording {
                 }
             }
         }
+        let kallsyms = self.kallsyms.take().map(|t| t.join());
         if !self.kernel_addrs.is_empty() {
-            match crate::kallsyms::KallsymsTable::load() {
-                Ok(table) => {
+            match kallsyms.unwrap_or_else(|| Ok(crate::kallsyms::KallsymsTable::load())) {
+                Ok(Ok(table)) => {
                     let syms = table.covering(self.kernel_addrs.iter().copied());
                     self.writer.push(&Record::KernelSymbols(syms))?;
                 }
-                Err(e) => eprintln!("lrec: warning: kernel frames stay unnamed: {e}"),
+                Ok(Err(e)) => eprintln!("lrec: warning: kernel frames stay unnamed: {e}"),
+                Err(_) => eprintln!("lrec: warning: kernel frames stay unnamed"),
             }
         }
         self.writer.push(&Record::End(End {

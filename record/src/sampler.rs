@@ -200,9 +200,10 @@ impl Sampler {
             })
     }
 
-    /// Waits up to `timeout` for samples or news from the loader.
-    pub fn wait(&mut self, timeout: Duration) -> Result<(), SamplerError> {
-        let mut fds = [self.ring.as_raw_fd(), -1].map(|fd| libc::pollfd {
+    /// Waits up to `timeout` for samples, news from the loader, or `also` (the target's
+    /// pidfd, readable when it exits) to become readable.
+    pub fn wait(&mut self, timeout: Duration, also: Option<i32>) -> Result<(), SamplerError> {
+        let mut fds = [self.ring.as_raw_fd(), -1, also.unwrap_or(-1)].map(|fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
@@ -210,8 +211,8 @@ impl Sampler {
         if let Some(w) = &self.loader {
             fds[1].fd = w.ring.as_raw_fd();
         }
-        // SAFETY: two valid pollfds (poll ignores a negative fd).
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as i32) };
+        // SAFETY: three valid pollfds (poll ignores a negative fd).
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout.as_millis() as i32) };
         if rc < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {

@@ -51,6 +51,8 @@ pub struct Target {
     pub pid: u32,
     /// Further processes named with `-p A,B`.
     pub others: Vec<u32>,
+    /// pidfd of `pid`, opened on first use.
+    pidfd: Option<Option<i32>>,
     /// Write end of the start gate of a spawned child.
     gate: Option<i32>,
     spawned: bool,
@@ -102,6 +104,7 @@ impl Target {
         Ok(Target {
             pid: tgid,
             others: Vec::new(),
+            pidfd: None,
             gate: None,
             spawned: false,
             exit: None,
@@ -155,6 +158,7 @@ impl Target {
         Ok(Target {
             pid: pid as u32,
             others: Vec::new(),
+            pidfd: None,
             gate: Some(gate[1]),
             spawned: true,
             exit: None,
@@ -185,6 +189,16 @@ impl Target {
             });
         }
         Ok(())
+    }
+
+    /// A pidfd of the main target, readable once it exits (None before Linux 5.3).
+    pub fn pidfd(&mut self) -> Option<i32> {
+        if self.pidfd.is_none() {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid as libc::c_int, 0) };
+            self.pidfd = Some((fd >= 0).then_some(fd as i32));
+        }
+        self.pidfd.flatten()
     }
 
     /// Whether the target has ended (non-blocking).

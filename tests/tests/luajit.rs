@@ -4,7 +4,7 @@
 //! (fixtures/workloads/lua/kinds.lua); and a stripped host that links LuaJIT statically
 //! and runs one VM per thread.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -47,6 +47,35 @@ fn kinds_truth() -> Vec<Vec<u32>> {
     ]
 }
 
+/// Runs `luajit [-joff] WORKLOAD RUN_SECS`, attaches `lrec -p` to it after 1 s for
+/// `rec_secs`, and returns the test's directory and the capture.
+fn record_lua(
+    what: &str,
+    luajit: &Path,
+    jit_off: bool,
+    file: &str,
+    run_secs: u32,
+    rec_secs: u32,
+) -> (PathBuf, PathBuf) {
+    let dir = tempfile_dir(&what.replace(' ', "-"));
+    let cap = dir.join("lua.lrec");
+    let mut cmd = Command::new(luajit);
+    if jit_off {
+        cmd.arg("-joff");
+    }
+    let mut target = cmd
+        .arg(workload(file))
+        .arg(run_secs.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, rec_secs, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+    (dir, cap)
+}
+
 /// Runs a Lua workload under `luajit` for 10 s, attaches after 1 s for `secs`, and checks
 /// that ≥ 95 % of the samples whose innermost Lua function is a hot one (the last line of
 /// a true chain) show its exact chain, and that every chain is seen.
@@ -54,22 +83,7 @@ fn lua_is_exact(what: &str, luajit: PathBuf, jit_off: bool, file: &str, truths: 
     let Some(_guard) = bpf_test(what) else {
         return;
     };
-    let dir = tempfile_dir(&what.replace(' ', "-"));
-    let cap = dir.join("lua.lrec");
-    let mut cmd = Command::new(&luajit);
-    if jit_off {
-        cmd.arg("-joff");
-    }
-    let mut target = cmd
-        .arg(workload(file))
-        .arg("10")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
-    record_pid(&cap, target.id(), 499, 8, &[]);
-    target.kill().unwrap();
-    target.wait().unwrap();
+    let (dir, cap) = record_lua(what, &luajit, jit_off, file, 10, 8);
 
     let (stacks, _) = folded(&cap, &["--offline"]);
     let mut hots: Vec<u32> = truths.iter().map(|t| *t.last().unwrap()).collect();
@@ -183,22 +197,7 @@ fn reloaded_code_is_named_right(what: &str, luajit: PathBuf, jit_off: bool) {
     let Some(_guard) = bpf_test(what) else {
         return;
     };
-    let dir = tempfile_dir(&what.replace(' ', "-"));
-    let cap = dir.join("reload.lrec");
-    let mut cmd = Command::new(&luajit);
-    if jit_off {
-        cmd.arg("-joff");
-    }
-    let mut target = cmd
-        .arg(workload("reload.lua"))
-        .arg("8")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
-    record_pid(&cap, target.id(), 499, 6, &[]);
-    target.kill().unwrap();
-    target.wait().unwrap();
+    let (dir, cap) = record_lua(what, &luajit, jit_off, "reload.lua", 8, 6);
 
     let (stacks, _) = folded(&cap, &["--offline"]);
     let gen = regex::Regex::new(r"(?:^|\s)gen_(\d+):(\d+)$").unwrap();
