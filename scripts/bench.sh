@@ -4,6 +4,7 @@
 #   1. bytes per sample: lrec capture (embedded sections included) vs
 #      `perf record --call-graph dwarf,16384 -z`
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
+#   3. LuaJIT overhead (below). SKIP_NATIVE=1 runs only that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -12,6 +13,8 @@ OUT=${OUT:-target/bench}
 mkdir -p "$OUT"
 rm -f "$OUT"/{lrec.lrec,perf.data}
 
+now() { date +%s.%N; }
+if [ -z "${SKIP_NATIVE:-}" ]; then
 fixtures/build/native $((SECS + 4)) >/dev/null &
 target=$!
 trap 'kill $target 2>/dev/null || true' EXIT
@@ -24,7 +27,6 @@ perf=$!
 wait $lrec $perf
 kill $target 2>/dev/null || true
 
-now() { date +%s.%N; }
 # Best of $RUNS wall-clock times of a command, in seconds (the least disturbed run).
 best_of() {
   local best=""
@@ -60,6 +62,8 @@ awk -v lb="$lrec_bytes" -v ls="$lrec_samples" -v lt="$lt" \
   printf "%-28s %14.2f %14.2f\n", "analysis seconds", lt, pt
   printf "%-28s %14.0f %14.0f %10.1f  (target >= 20)\n", "analysis samples/s", ls / lt, ps / pt, (ls / lt) / (ps / pt)
 }'
+
+fi
 
 # 3. Overhead on LuaJIT (issue #6): a fixed-work run of chains.lua (JIT on and -joff), bare,
 #    under `lrec -F 999` and under `perf record --call-graph dwarf,16384 -F 999`, alternating,
