@@ -24,8 +24,13 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// A fixture workload built by `make fixtures` (fixtures/build).
 pub fn fixture(name: &str) -> PathBuf {
-    let p = root().join("fixtures/build").join(name);
+    made_fixture("fixtures/build", name)
+}
+
+fn made_fixture(dir: &str, name: &str) -> PathBuf {
+    let p = root().join(dir).join(name);
     assert!(
         p.exists(),
         "{} is missing: run `make fixtures`",
@@ -36,13 +41,7 @@ pub fn fixture(name: &str) -> PathBuf {
 
 /// A fixture runtime built by `make fixtures` (fixtures/bin).
 pub fn fixture_bin(name: &str) -> PathBuf {
-    let p = root().join("fixtures/bin").join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run `make fixtures`",
-        p.display()
-    );
-    p
+    made_fixture("fixtures/bin", name)
 }
 
 /// A program installed by `make setup` (e.g. Debian's `luajit`), or None after saying
