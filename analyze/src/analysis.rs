@@ -13,13 +13,10 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
-use crate::image::{basename, Image};
+use crate::image::Image;
 use crate::lua::{self, luajit, Merged};
 use crate::metadata::{read_metadata, BinaryKey, Metadata};
-use crate::profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaVmInfo, Profile, ProfileSample, Stats, Thread,
-    Warning,
-};
+use crate::profile::{Profile, Warning};
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
 use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache, VmHint};
 use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
@@ -28,7 +25,7 @@ const DEFAULT_PAGE_SIZE: u64 = 4096;
 
 /// A user frame located in the process's memory map.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum UserFrame {
+pub(crate) enum UserFrame {
     /// In a mapped image: named by its symbols at `lookup_svma`.
     Image {
         image: usize,
@@ -58,32 +55,32 @@ enum UserFrame {
 
 /// A region that unwinding had to cross without unwind info.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum WithoutUnwindInfo {
+pub(crate) enum WithoutUnwindInfo {
     Image(usize),
     Region(Arc<str>),
 }
 
-struct UnwoundSample {
-    time_ns: u64,
-    pid: u32,
-    tid: u32,
+pub(crate) struct UnwoundSample {
+    pub(crate) time_ns: u64,
+    pub(crate) pid: u32,
+    pub(crate) tid: u32,
     /// Leaf first, as indices into the chunk's [`ChunkFrames`].
-    user: Vec<u32>,
+    pub(crate) user: Vec<u32>,
     /// Innermost first, as recorded.
-    kernel: Vec<u64>,
-    end: StackEnd,
-    kernel_mode: bool,
-    no_mappings: bool,
-    without_unwind_info: Vec<WithoutUnwindInfo>,
+    pub(crate) kernel: Vec<u64>,
+    pub(crate) end: StackEnd,
+    pub(crate) kernel_mode: bool,
+    pub(crate) no_mappings: bool,
+    pub(crate) without_unwind_info: Vec<WithoutUnwindInfo>,
     /// The Lua VM's state (`G->vmstate`), when the sample ran in a Lua VM.
-    vm_state: Option<i32>,
+    pub(crate) vm_state: Option<i32>,
 }
 
 /// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
 /// indices, so each frame is hashed once and stored once.
-struct Interner<T> {
-    ids: FxHashMap<T, u32>,
-    list: Vec<T>,
+pub(crate) struct Interner<T> {
+    pub(crate) ids: FxHashMap<T, u32>,
+    pub(crate) list: Vec<T>,
 }
 
 impl<T> Default for Interner<T> {
@@ -96,7 +93,7 @@ impl<T> Default for Interner<T> {
 }
 
 impl<T: Hash + Eq + Clone> Interner<T> {
-    fn id(&mut self, value: T) -> u32 {
+    pub(crate) fn id(&mut self, value: T) -> u32 {
         if let Some(&id) = self.ids.get(&value) {
             return id;
         }
@@ -111,9 +108,9 @@ impl<T: Hash + Eq + Clone> Interner<T> {
 type ChunkFrames = Interner<UserFrame>;
 
 /// The unwound samples of one chunk.
-struct UnwoundChunk {
-    frames: Vec<UserFrame>,
-    samples: Vec<UnwoundSample>,
+pub(crate) struct UnwoundChunk {
+    pub(crate) frames: Vec<UserFrame>,
+    pub(crate) samples: Vec<UnwoundSample>,
 }
 
 pub fn run(
@@ -193,7 +190,7 @@ pub fn run(
     // Symbolization and assembly work per distinct address, not per frame of each sample.
     let distinct = distinct_frames(&unwound);
     let names = symbolize_images(&images, &distinct.user, &mut warnings);
-    Ok(assemble(
+    Ok(crate::assemble::assemble(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     ))
 }
@@ -201,11 +198,11 @@ pub fn run(
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
 /// scheduling), with each chunk's local frame indices mapped to indices into `user`.
 /// Kernel addresses come with whether they are the leaf (looked up as is).
-struct DistinctFrames {
-    user: Vec<UserFrame>,
+pub(crate) struct DistinctFrames {
+    pub(crate) user: Vec<UserFrame>,
     /// Per chunk: local frame index → index into `user`.
-    remap: Vec<Vec<u32>>,
-    kernel: Vec<(u64, bool)>,
+    pub(crate) remap: Vec<Vec<u32>>,
+    pub(crate) kernel: Vec<(u64, bool)>,
 }
 
 fn distinct_frames(unwound: &[UnwoundChunk]) -> DistinctFrames {
@@ -435,8 +432,8 @@ fn locate(space: &AddressSpace, address: &CodeAddress) -> UserFrame {
 }
 
 /// Per image: the functions at each looked-up address.
-type ImageNames = HashMap<u64, Vec<FunctionAt>>;
-type Names = Vec<ImageNames>;
+pub(crate) type ImageNames = HashMap<u64, Vec<FunctionAt>>;
+pub(crate) type Names = Vec<ImageNames>;
 
 /// Names every address seen in each image, one image per task (symbolizers are not Sync).
 fn symbolize_images(
@@ -477,346 +474,20 @@ fn symbolize_images(
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
-fn assemble(
-    meta: &Metadata,
-    header: lrec_format::Header,
-    images: &[Image],
-    unwound: Vec<UnwoundChunk>,
-    distinct: &DistinctFrames,
-    names: &Names,
-    kernel: &KernelSymbolizer,
-    mut warnings: WarningCounter,
-) -> Profile {
-    let mut thread_samples: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for s in unwound.iter().flat_map(|c| &c.samples) {
-        *thread_samples.entry((s.pid, s.tid)).or_default() += 1;
-    }
-    let thread_index: HashMap<(u32, u32), usize> = thread_samples
-        .keys()
-        .enumerate()
-        .map(|(i, k)| (*k, i))
-        .collect();
-    let threads = thread_samples
-        .iter()
-        .map(|(&(pid, tid), &samples)| Thread {
-            pid,
-            tid,
-            name: thread_name(meta, pid, tid),
-            samples,
-        })
-        .collect();
-
-    // Name each distinct address once; samples then only look their frame ids up.
-    let mut frames: Interner<Frame> = Interner::default();
-    let user_ids: Vec<Vec<FrameId>> = distinct
-        .user
-        .iter()
-        .map(|f| {
-            let mut ids = Vec::new();
-            user_frames(f, meta, images, names, |frame| ids.push(frames.id(frame)));
-            ids
-        })
-        .collect();
-    let kernel_ids: FxHashMap<(u64, bool), FrameId> = distinct
-        .kernel
-        .iter()
-        .map(|&(addr, leaf)| ((addr, leaf), frames.id(kernel_frame(addr, leaf, kernel))))
-        .collect();
-    let samples: Vec<ProfileSample> = unwound
-        .par_iter()
-        .zip(distinct.remap.par_iter())
-        .flat_map_iter(|(chunk, remap)| chunk.samples.iter().map(move |s| (s, remap)))
-        .map(|(s, remap)| {
-            let mut ids = Vec::with_capacity(s.user.len() + s.kernel.len());
-            for &local in s.user.iter().rev() {
-                ids.extend_from_slice(&user_ids[remap[local as usize] as usize]);
-            }
-            for (i, &addr) in s.kernel.iter().enumerate().rev() {
-                ids.push(kernel_ids[&(addr, i == 0)]);
-            }
-            ProfileSample {
-                time_ns: s.time_ns,
-                pid: s.pid,
-                tid: s.tid,
-                thread: thread_index[&(s.pid, s.tid)],
-                frames: ids,
-                truncated: s.end != StackEnd::Complete,
-            }
-        })
-        .collect();
-
-    let mut stats = Stats {
-        lost: meta.lost,
-        ..Stats::default()
-    };
-    let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
-    let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
-    for s in unwound.into_iter().flat_map(|c| c.samples) {
-        stats.samples += 1;
-        stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
-        stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
-        match s.end {
-            StackEnd::Complete => {}
-            StackEnd::Truncated => stats.truncated += 1,
-            StackEnd::Failed => stats.failed_unwinds += 1,
-        }
-        stats.kernel_samples += u64::from(s.kernel_mode);
-        if let Some(state) = s.vm_state {
-            *stats
-                .vm_states
-                .entry(luajit::state_name(state))
-                .or_default() += 1;
-        }
-        if s.no_mappings {
-            *no_mappings.entry(s.pid).or_default() += 1;
-        }
-        for w in s.without_unwind_info {
-            *no_unwind_info.entry(w).or_default() += 1;
-        }
-    }
-
-    for (pid, n) in no_mappings {
-        warnings.add_n(
-            format!(
-                "pid {pid}: the capture holds no memory mappings; its user stacks are [unknown]"
-            ),
-            n,
-        );
-    }
-    let mut binaries: Vec<BinaryInfo> = images.iter().map(binary_info).collect();
-    for (owner, n) in no_unwind_info {
-        let name = match owner {
-            WithoutUnwindInfo::Image(i) => {
-                binaries[i].samples_without_unwind_info = n;
-                images[i].path.clone()
-            }
-            WithoutUnwindInfo::Region(name) if name.is_empty() => {
-                "anonymous memory (JIT code?)".into()
-            }
-            WithoutUnwindInfo::Region(name) => name.to_string(),
-        };
-        warnings.add_n(
-            format!("{name}: no unwind info; stacks through it end there, marked [truncated]"),
-            n,
-        );
-    }
-    for image in images {
-        if let Some(e) = &image.error {
-            if image.resolved_locally.is_empty() {
-                warnings.add(format!(
-                    "{}: lrec could not embed it ({e}) and no matching local file was found",
-                    image.path
-                ));
-            }
-        }
-    }
-    let mut lua_vms: Vec<LuaVmInfo> = meta
-        .lua_runtimes
-        .values()
-        .map(|r| LuaVmInfo {
-            pid: r.pid,
-            vm: r.vm.clone(),
-            layout: r.layout.clone(),
-            path: r.path.clone(),
-            error: r.error.clone(),
-        })
-        .collect();
-    lua_vms.sort_by_key(|v| v.pid);
-    for vm in &lua_vms {
-        if let Some(e) = &vm.error {
-            warnings.add(e.clone());
-        }
-    }
-    if stats.kernel_samples > 0 && kernel.is_empty() {
-        warnings.add("the capture holds no kernel symbols; kernel frames are [unknown]".into());
-    }
-
-    Profile {
-        header,
-        end_reason: meta.end.as_ref().map(|e| e.reason.clone()),
-        samples,
-        frames: frames.list,
-        threads,
-        binaries,
-        lua_vms,
-        stats,
-        warnings: warnings.into_sorted(),
-    }
-}
-
-/// A kernel frame. Kernel stacks are recorded innermost first; all but the first entry
-/// (`leaf`) are return addresses, looked up one byte before.
-fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
-    let lookup = if leaf { addr } else { addr.wrapping_sub(1) };
-    Frame {
-        function: kernel.name(lookup).unwrap_or("[unknown]").to_owned(),
-        module: None,
-        kind: FrameKind::Kernel,
-    }
-}
-
-/// The frames (outermost first) for one located user address.
-fn user_frames(
-    frame: &UserFrame,
-    meta: &Metadata,
-    images: &[Image],
-    names: &Names,
-    mut push: impl FnMut(Frame),
-) {
-    let (module, file_offset): (&str, &u64) = match frame {
-        UserFrame::Lua {
-            pid,
-            proto,
-            line,
-            called_from,
-            jit,
-        } => {
-            let mut frame = lua_function_frame(meta, *pid, *proto, *line, *called_from);
-            if *jit {
-                // perf's mark for JIT-compiled code.
-                frame.function.push_str("_[j]");
-            }
-            push(frame);
-            return;
-        }
-        UserFrame::LuaBuiltin { pid, id } => {
-            let builtins = meta.lua_runtimes.get(pid).map(|r| r.builtins.as_slice());
-            push(Frame {
-                function: luajit::builtin_name(builtins.unwrap_or_default(), *id),
-                module: None,
-                kind: FrameKind::Lua,
-            });
-            return;
-        }
-        UserFrame::LuaState(name) => {
-            push(Frame {
-                function: name.to_string(),
-                module: None,
-                kind: FrameKind::Lua,
-            });
-            return;
-        }
-        UserFrame::Image {
-            image,
-            lookup_svma,
-            file_offset,
-        } => {
-            let functions = names[*image].get(lookup_svma).map(Vec::as_slice);
-            if let Some(functions) = functions.filter(|f| !f.is_empty()) {
-                let module = Some(images[*image].basename().to_owned());
-                for f in functions {
-                    push(Frame {
-                        function: f.name.clone(),
-                        module: module.clone(),
-                        kind: if f.inlined {
-                            FrameKind::Inlined
-                        } else {
-                            FrameKind::User
-                        },
-                    });
-                }
-                return;
-            }
-            (images[*image].basename(), file_offset)
-        }
-        UserFrame::Mapped {
-            module,
-            file_offset,
-        } => (module, file_offset),
-        UserFrame::Unmapped => {
-            push(Frame {
-                function: "[unknown]".into(),
-                module: None,
-                kind: FrameKind::User,
-            });
-            return;
-        }
-    };
-    push(Frame {
-        function: format!("{module}+0x{file_offset:x}"),
-        module: Some(module.to_string()),
-        kind: FrameKind::User,
-    });
-}
-
-/// A Lua function: `NAME CHUNK:LINEDEFINED` (`CHUNK:LINEDEFINED` when the call gives no
-/// name), with `@LINE` for the current line when asked.
-fn lua_function_frame(
-    meta: &Metadata,
-    pid: u32,
-    proto: u32,
-    line: u32,
-    (caller, pos): (u32, u32),
-) -> Frame {
-    let name = meta.lua_protos.get(&(pid, caller)).and_then(|c| {
-        let i = c.callee_names.binary_search_by_key(&pos, |n| n.0).ok()?;
-        Some(c.callee_names[i].1.as_str())
-    });
-    let (function, module) = match meta.lua_protos.get(&(pid, proto)) {
-        Some(p) => {
-            let chunk = luajit::chunk_label(&p.chunkname);
-            let mut label = match name {
-                Some(n) => format!("{n} {chunk}:{}", p.firstline),
-                None => format!("{chunk}:{}", p.firstline),
-            };
-            if line != u32::MAX {
-                label.push_str(&format!("@{line}"));
-            }
-            (label, Some(chunk))
-        }
-        None => ("[unknown Lua function]".to_string(), None),
-    };
-    Frame {
-        function,
-        module,
-        kind: FrameKind::Lua,
-    }
-}
-
-fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {
-    if let Some(name) = meta.thread_names.get(&(pid, tid)) {
-        return name.clone();
-    }
-    if pid == tid {
-        if let Some(p) = meta.processes.iter().find(|p| p.pid == pid) {
-            let name = basename(&p.exe);
-            if !name.is_empty() {
-                return name.to_owned();
-            }
-        }
-    }
-    format!("[tid {tid}]")
-}
-
-fn binary_info(image: &Image) -> BinaryInfo {
-    BinaryInfo {
-        path: image.path.clone(),
-        build_id: image.build_id.clone(),
-        sections_embedded: image.sections_embedded,
-        dwarf_embedded: image.dwarf_embedded,
-        resolved_locally: image.resolved_locally.clone(),
-        has_unwind_info: image.has_unwind_info(),
-        has_dwarf: image.has_dwarf(),
-        error: image.error.clone(),
-        samples_without_unwind_info: 0,
-    }
-}
-
 /// Warnings, each kept once with how often it happened, in order of first occurrence
 /// (capture order, which is deterministic).
 #[derive(Default)]
-struct WarningCounter {
-    messages: Interner<String>,
-    counts: Vec<u64>,
+pub(crate) struct WarningCounter {
+    pub(crate) messages: Interner<String>,
+    pub(crate) counts: Vec<u64>,
 }
 
 impl WarningCounter {
-    fn add(&mut self, message: String) {
+    pub(crate) fn add(&mut self, message: String) {
         self.add_n(message, 1);
     }
 
-    fn add_n(&mut self, message: String, n: u64) {
+    pub(crate) fn add_n(&mut self, message: String, n: u64) {
         let i = self.messages.id(message) as usize;
         if i == self.counts.len() {
             self.counts.push(0);
@@ -824,53 +495,12 @@ impl WarningCounter {
         self.counts[i] += n;
     }
 
-    fn into_sorted(self) -> Vec<Warning> {
+    pub(crate) fn into_sorted(self) -> Vec<Warning> {
         let counts = self.counts.into_iter();
         let messages = self.messages.list.into_iter();
         messages
             .zip(counts)
             .map(|(message, count)| Warning { message, count })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A recorded kernel stack (innermost first) as frames outermost first, as assembled.
-    fn kernel_frames(stack: &[u64], k: &KernelSymbolizer) -> Vec<Frame> {
-        let frames = stack.iter().enumerate().rev();
-        frames.map(|(i, &a)| kernel_frame(a, i == 0, k)).collect()
-    }
-
-    #[test]
-    fn kernel_frames_go_outermost_first_with_return_addresses_looked_up_before() {
-        let k = KernelSymbolizer::new(vec![
-            (0x1000, 0x1100, "entry_SYSCALL_64".into()),
-            (0x2000, 0x2100, "do_syscall_64".into()),
-            (0x3000, 0x3100, "__x64_sys_read".into()),
-            (0x3100, 0x3200, "next_after_read".into()),
-        ]);
-        // Innermost (the interrupted instruction) first; 0x3100 is a return address whose
-        // call lies at the end of __x64_sys_read.
-        let names: Vec<String> = kernel_frames(&[0x3100, 0x2050, 0x1010, 0x9999], &k)
-            .iter()
-            .map(Frame::display_name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "[unknown]_[k]",
-                "entry_SYSCALL_64_[k]",
-                "do_syscall_64_[k]",
-                "next_after_read_[k]",
-            ]
-        );
-        let names: Vec<String> = kernel_frames(&[0x3050, 0x3100], &k)
-            .iter()
-            .map(Frame::display_name)
-            .collect();
-        assert_eq!(names, ["__x64_sys_read_[k]", "__x64_sys_read_[k]"]);
     }
 }

@@ -9,6 +9,7 @@
 
 mod address_space;
 mod analysis;
+mod assemble;
 mod cfi;
 mod image;
 pub mod loader;
