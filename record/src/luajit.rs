@@ -172,6 +172,8 @@ enum Detection {
 
 struct ProcessVm {
     path: String,
+    /// When the interpreter was found.
+    found: std::time::Instant,
     code: Vec<VmCode>,
     detection: Detection,
     mem: Option<File>,
@@ -208,6 +210,7 @@ impl LuaJit {
     pub fn add_vm(&mut self, pid: u32, path: &str, code: VmCode) {
         let p = self.procs.entry(pid).or_insert_with(|| ProcessVm {
             path: path.to_string(),
+            found: std::time::Instant::now(),
             code: Vec::new(),
             detection: Detection::Pending {
                 votes: vec![0; LAYOUTS.len()],
@@ -242,6 +245,15 @@ impl LuaJit {
         if !self.protos.contains_key(&key) {
             self.copied.insert(key, p);
         }
+    }
+
+    /// Whether some process's layout is still being told, in the first seconds after its
+    /// interpreter was found (a VM that does not run keeps its layout untold).
+    pub fn detecting(&self) -> bool {
+        self.procs.values().any(|p| {
+            matches!(p.detection, Detection::Pending { .. })
+                && p.found.elapsed() < std::time::Duration::from_secs(2)
+        })
     }
 
     /// BPF configurations that became known since the last call.

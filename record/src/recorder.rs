@@ -84,7 +84,13 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let reason = loop {
-        sampler.wait(Duration::from_millis(100), target.pidfd())?;
+        // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
+        // than when the ring fills: until it is known, samples carry no Lua frames.
+        let tick = match rec.lua.detecting() {
+            true => Duration::from_millis(5),
+            false => Duration::from_millis(100),
+        };
+        sampler.wait(tick, target.pidfd())?;
         // New libraries first, while the process surely still has them mapped.
         if sampler.mappings_changed() {
             rec.refresh_all_maps()?;
@@ -227,6 +233,8 @@ struct Recording {
     /// LuaJIT interpreters found in embedded binaries, by binary key, with the binary's
     /// segments (to place them in each mapping).
     vms: HashMap<Vec<u8>, (elf::LuaJitVm, Vec<lrec_format::Segment>)>,
+    /// Binaries already looked at for an interpreter, by key.
+    vm_checked: HashSet<Vec<u8>>,
     lua: LuaJit,
     /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s).
     kallsyms:
@@ -246,6 +254,7 @@ impl Recording {
             embedder: Embedder::new(),
             kernel_addrs: HashSet::new(),
             vms: HashMap::new(),
+            vm_checked: HashSet::new(),
             lua: LuaJit::default(),
             kallsyms: Some(std::thread::spawn(crate::kallsyms::KallsymsTable::load)),
             samples: 0,
@@ -402,6 +411,7 @@ impl Recording {
             }
             if entry.perms.contains('x') {
                 let bkey = build_id.unwrap_or_else(|| entry.path.as_bytes().to_vec());
+                self.find_vm(pid, &entry, &bkey);
                 proc.exec_entries.push((entry, bkey));
             }
             current.insert(key);
@@ -476,17 +486,43 @@ impl Recording {
             self.embedder.finished().collect()
         };
         for binary in done {
-            if let Some(vm) = elf::luajit_vm(&binary) {
-                let key = binary
-                    .build_id
-                    .clone()
-                    .unwrap_or_else(|| binary.path.as_bytes().to_vec());
-                self.vms.insert(key, (vm, binary.segments.clone()));
-                self.place_vms();
+            let key = binary
+                .build_id
+                .clone()
+                .unwrap_or_else(|| binary.path.as_bytes().to_vec());
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.vms.entry(key) {
+                if let Some(vm) = elf::luajit_vm(&binary) {
+                    slot.insert((vm, binary.segments.clone()));
+                    self.place_vms();
+                }
             }
             self.writer.push(&Record::Binary(binary))?;
         }
         Ok(())
+    }
+
+    /// Looks for a LuaJIT interpreter in a newly mapped binary at once, rather than when
+    /// the embedder is done with it: samples taken until then get no Lua frames. Only the
+    /// unwind sections are parsed; big files are left to the embedder.
+    fn find_vm(&mut self, pid: u32, entry: &MapsEntry, key: &[u8]) {
+        const MAX_FILE: u64 = 64 << 20;
+        if entry.file_path().is_none() || !self.vm_checked.insert(key.to_vec()) {
+            return;
+        }
+        let Ok(mut file) = procfs::open_mapped_file(pid, entry) else {
+            return;
+        };
+        if file.metadata().map_or(true, |m| m.len() > MAX_FILE) {
+            return;
+        }
+        let mut data = Vec::new();
+        if file.read_to_end(&mut data).is_err() {
+            return;
+        }
+        let binary = elf::binary_record(&entry.path, &data, DebugInfo::None);
+        if let Some(vm) = elf::luajit_vm(&binary) {
+            self.vms.insert(key.to_vec(), (vm, binary.segments));
+        }
     }
 
     /// Tells the LuaJIT tracker where each known interpreter is mapped.
