@@ -202,6 +202,15 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
 /// Executable, command line, parent and namespaces of process `pid`.
 ///
 /// `exe` is empty for kernel threads and for processes whose executable cannot be resolved.
+/// Lowers the calling thread's scheduling priority (nice +10); threads it spawns inherit it.
+pub fn lower_priority() {
+    // SAFETY: setpriority on the calling thread (who = 0) has no memory effects; a failure
+    // only leaves the priority as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+    }
+}
+
 /// The processes descending from `roots`, from the parent links in /proc/*/stat.
 pub fn descendants(roots: &[u32]) -> Vec<u32> {
     let mut parent: Vec<(u32, u32)> = Vec::new();

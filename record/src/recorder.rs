@@ -73,6 +73,10 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         DebugMode::All => DebugInfo::All,
         DebugMode::None => DebugInfo::None,
     };
+    // lrec's own work (writing, compressing, embedding binaries) yields to the target's
+    // on a busy machine: the threads spawned from here on inherit a lower priority. The
+    // target was forked before and keeps its own.
+    procfs::lower_priority();
     let mut rec = Recording::new(debug, writer);
     for &pid in &pids {
         rec.add_process(pid)?;
