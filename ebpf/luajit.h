@@ -53,7 +53,6 @@ struct lua_work {
 	__u32 n;
 	__u32 flags;
 	__u32 scanned;      /* stack slots scanned so far */
-	__u32 copied;       /* stack bytes copied for the sample */
 	__u32 tgid;
 	__u8 fn[72];        /* the GCfunc being read (and 8 bytes of slack) */
 	__u8 pt[136];       /* the GCproto fields read, from sizebc on, and slack */
@@ -166,10 +165,8 @@ static long lua_scan_slot(__u64 i, void *unused)
 		return 1;
 	__u32 off = w->scanned * 8;
 	w->scanned++;
-	if (off + 8 > w->copied)
-		return 1;
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b)
+	if (!b || off + 8 > b->s.stack_len)
 		return 1;
 	__u64 v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
 	if (!in_vm(w, v))
@@ -203,11 +200,13 @@ static __always_inline __u64 cframe_pc(struct lua_work *w, __u64 cf)
 	return rdref(w, cf + w->cfg.cf_pc);
 }
 
-/* Starts walking state l from base, the first frame's PC being pc (0: unknown). */
-static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 base, __u64 pc)
+/* Starts walking state l (whose stack begins at `stack`) from base, the first frame's PC
+ * being pc (0: unknown). */
+static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 stack, __u64 base,
+				      __u64 pc)
 {
 	w->l = l;
-	w->stack = rdref(w, l + w->cfg.l_stack);
+	w->stack = stack;
 	w->bot = w->stack + (w->cfg.gc64 ? 8 : 0);
 	w->frame = base - 8;
 	w->pc = pc;
@@ -227,7 +226,7 @@ static __always_inline int lua_parent(struct lua_work *w)
 		return 0;
 	w->cf = pcf;
 	w->cf_last = pcf;
-	lua_start(w, pl, rd64(pl + w->cfg.l_base), 0);
+	lua_start(w, pl, rdref(w, pl + w->cfg.l_stack), rd64(pl + w->cfg.l_base), 0);
 	return 1;
 }
 
@@ -429,7 +428,6 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	__builtin_memcpy(&w->cfg, cfg, sizeof(*cfg));
 	w->sp = r->sp;
 	w->window = b->s.stack_len ? b->s.stack_len : LREC_PAGE_SIZE;
-	w->copied = b->s.stack_len;
 	w->cpu = cpu;
 	w->tgid = tgid;
 	w->g = 0;
@@ -465,7 +463,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 		pc = cframe_pc(w, w->cf);
 	}
 	__u64 l0 = w->l, cf0 = w->cf;
-	lua_start(w, w->l, base, pc);
+	lua_start(w, w->l, stack, base, pc);
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)

@@ -37,13 +37,12 @@ pub(crate) enum UserFrame {
     /// In no mapping, or in anonymous memory.
     Unmapped,
     /// A Lua function of process `pid` (a [`lrec_format::LuaProto`] id), at `line` when
-    /// lines are asked for (else `u32::MAX`).
-    /// `called_from` is the calling (proto, position), `(u32::MAX, 0)` when none.
+    /// lines are asked for, called from (proto, position) when a Lua call names it.
     Lua {
         pid: u32,
         proto: u32,
-        line: u32,
-        called_from: (u32, u32),
+        line: Option<u32>,
+        called_from: Option<(u32, u32)>,
         /// Running as JIT-compiled code (marked when asked).
         jit: bool,
     },
@@ -275,22 +274,20 @@ impl LuaContext<'_> {
         let f = &stack.frames[i];
         match f.kind {
             lua_frame_kind::LUA => {
-                let line = match self.lines {
-                    true => self
-                        .meta
+                let line = self.lines.then(|| {
+                    self.meta
                         .lua_protos
                         .get(&(pid, f.function))
                         .and_then(|p| p.lines.get(f.pos as usize).copied())
-                        .unwrap_or(0),
-                    false => u32::MAX,
-                };
+                        .unwrap_or(0)
+                });
                 // Called by a Lua function (or a metamethod it triggered): the calling
                 // instruction names the callee.
                 let caller = stack
                     .frames
                     .get(i + 1)
                     .filter(|c| c.kind == lua_frame_kind::LUA && luajit::called_by_lua(f.link));
-                let called_from = caller.map_or((u32::MAX, 0), |c| (c.function, c.pos));
+                let called_from = caller.map(|c| (c.function, c.pos));
                 // In a trace (vmstate ≥ 0) the innermost Lua frame runs compiled code.
                 let jit = self.mark_jit && i == 0 && stack.vmstate >= 0;
                 UserFrame::Lua {
@@ -312,6 +309,7 @@ impl LuaContext<'_> {
                         .region_index(f.address)
                         .filter(|&i| space.region_at(i).executable),
                     sp: 0,
+                    vm_work: false,
                 },
             ),
         }
@@ -370,12 +368,9 @@ fn unwind_sample(
             let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);
             match (lua, hint) {
                 (Some((l, ctx, _)), Some(hint)) => {
-                    let jit = |a: &CodeAddress| {
-                        a.region.is_none_or(|i| space.region_at(i).image.is_none())
-                    };
                     let mut merged = Vec::new();
                     let state = luajit::state_frame(l.vmstate);
-                    lua::merge(stack.frames, l, &hint, jit, state, &mut merged);
+                    lua::merge(stack.frames, l, &hint, state, &mut merged);
                     out.user = merged
                         .iter()
                         .map(|m| {

@@ -287,10 +287,11 @@ fn lua_function_frame(
     meta: &Metadata,
     pid: u32,
     proto: u32,
-    line: u32,
-    (caller, pos): (u32, u32),
+    line: Option<u32>,
+    called_from: Option<(u32, u32)>,
 ) -> Frame {
-    let name = meta.lua_protos.get(&(pid, caller)).and_then(|c| {
+    let name = called_from.and_then(|(caller, pos)| {
+        let c = meta.lua_protos.get(&(pid, caller))?;
         let i = c.callee_names.binary_search_by_key(&pos, |n| n.0).ok()?;
         Some(c.callee_names[i].1.as_str())
     });
@@ -301,7 +302,7 @@ fn lua_function_frame(
                 Some(n) => format!("{n} {chunk}:{}", p.firstline),
                 None => format!("{chunk}:{}", p.firstline),
             };
-            if line != u32::MAX {
+            if let Some(line) = line {
                 label.push_str(&format!("@{line}"));
             }
             (label, Some(chunk))

@@ -40,6 +40,9 @@ pub struct CodeAddress {
     pub region: Option<usize>,
     /// The stack pointer while this frame runs (the CFA of the frame it called).
     pub sp: u64,
+    /// Work of a Lua VM below its innermost C frame: a VM helper or JIT-compiled code,
+    /// which the VM's Lua frames stand for.
+    pub vm_work: bool,
 }
 
 impl CodeAddress {
@@ -145,6 +148,7 @@ pub fn unwind_user<'c>(
             is_return,
             region: executable,
             sp: frame_sp,
+            vm_work: false,
         });
         let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
         if let Some(vm) = vm {
@@ -155,6 +159,9 @@ pub fn unwind_user<'c>(
                 !covered && executable.is_none_or(|i| space.region_at(i).image.is_none());
             // Below the innermost C frame: a helper the VM called, or one of a trace.
             let off_cframe = in_vm && frame_sp < vm.innermost;
+            if let Some(f) = frames.last_mut() {
+                f.vm_work = (in_vm || jit_code) && frame_sp < vm.innermost;
+            }
             if jit_code || off_cframe {
                 if let Some(cf) = vm.cframe_above(frame_sp) {
                     // Any interpreter address unwinds by the C frame's rule.

@@ -20,96 +20,126 @@ const MAX_CHUNKNAME: usize = 4096;
 /// Most bytecode positions of a proto whose lines are read.
 const MAX_SIZEBC: u32 = 1 << 20;
 
-/// One LuaJIT build's layout: offsets in bytes, from its headers.
+/// One LuaJIT build's layout, from its headers: the offsets the BPF walker reads (its
+/// configuration, without the interpreter's ranges), and those only lrec reads.
 #[derive(Debug, Clone, Copy)]
 pub struct Layout {
     pub name: &'static str,
-    pub gc64: bool,
-    pub g2disp: u32,
-    pub g_vmstate: u32,
-    pub g_cur_l: u32,
-    pub g_jit_base: u32,
-    pub l_glref: u32,
-    pub l_base: u32,
-    pub l_maxstack: u32,
-    pub l_stack: u32,
-    pub l_cframe: u32,
-    pub fn_ffid: u32,
-    pub fn_pc: u32,
-    pub fn_f: u32,
-    pub pt_size: u32,
-    pub pt_sizebc: u32,
-    pub pt_chunkname: u32,
-    pub pt_firstline: u32,
-    pub pt_lineinfo: u32,
+    pub abi: RawLuaConfig,
+    /// GCproto: the constants, the size of the proto's block, upvalue and variable names.
     pub pt_k: u32,
     pub pt_sizept: u32,
     pub pt_uvinfo: u32,
     pub pt_varinfo: u32,
-    /// GCstr: offset of `len`, and of the text (sizeof(GCstr)).
-    pub str_len: u32,
-    pub str_data: u32,
     /// Names of built-in functions by ffid.
     pub builtins: fn() -> Vec<&'static str>,
 }
 
+impl Layout {
+    pub fn gc64(&self) -> bool {
+        self.abi.gc64 != 0
+    }
+}
+
 const GC64: Layout = Layout {
     name: "upstream-gc64",
-    gc64: true,
-    g2disp: 4000,
-    g_vmstate: 184,
-    g_cur_l: 376,
-    g_jit_base: 384,
-    l_glref: 16,
-    l_base: 32,
-    l_maxstack: 48,
-    l_stack: 56,
-    l_cframe: 80,
-    fn_ffid: 10,
-    fn_pc: 32,
-    fn_f: 40,
-    pt_size: 104,
-    pt_sizebc: 12,
-    pt_chunkname: 64,
-    pt_firstline: 72,
-    pt_lineinfo: 80,
+    abi: RawLuaConfig {
+        vm_start: [0; MAX_LUA_RANGES],
+        vm_end: [0; MAX_LUA_RANGES],
+        gc64: 1,
+        g2disp: 4000,
+        g_vmstate: 184,
+        g_cur_l: 376,
+        g_jit_base: 384,
+        l_glref: 16,
+        l_base: 32,
+        l_stack: 56,
+        l_cframe: 80,
+        l_maxstack: 48,
+        // CFRAME_SIZE (80, 96 with LUAJIT_NO_UNWIND: taken from the binary's unwind info)
+        // and CFRAME_OFS_* for x64 System V (lj_frame.h).
+        cf_size: 80,
+        cf_l: 16,
+        cf_pc: 24,
+        cf_prev: 32,
+        cf_nres: 8,
+        fn_ffid: 10,
+        fn_pc: 32,
+        fn_f: 40,
+        pt_size: 104,
+        pt_sizebc: 12,
+        pt_chunkname: 64,
+        pt_firstline: 72,
+        pt_lineinfo: 80,
+        str_len: 20,
+        str_data: 24,
+        pad: 0,
+    },
     pt_k: 32,
     pt_sizept: 56,
     pt_uvinfo: 88,
     pt_varinfo: 96,
-    str_len: 20,
-    str_data: 24,
     builtins: upstream_builtins,
 };
 
 const GC32: Layout = Layout {
     name: "upstream-gc32",
-    gc64: false,
-    g2disp: 3208,
-    g_vmstate: 136,
-    g_cur_l: 296,
-    g_jit_base: 300,
-    l_glref: 8,
-    l_base: 16,
-    l_maxstack: 32,
-    l_stack: 36,
-    l_cframe: 48,
-    fn_ffid: 6,
-    fn_pc: 16,
-    fn_f: 24,
-    pt_size: 64,
-    pt_sizebc: 8,
-    pt_chunkname: 40,
-    pt_firstline: 44,
-    pt_lineinfo: 52,
+    abi: RawLuaConfig {
+        vm_start: [0; MAX_LUA_RANGES],
+        vm_end: [0; MAX_LUA_RANGES],
+        gc64: 0,
+        g2disp: 3208,
+        g_vmstate: 136,
+        g_cur_l: 296,
+        g_jit_base: 300,
+        l_glref: 8,
+        l_base: 16,
+        l_stack: 36,
+        l_cframe: 48,
+        l_maxstack: 32,
+        cf_size: 80,
+        cf_l: 24,
+        cf_pc: 28,
+        cf_prev: 32,
+        cf_nres: 16,
+        fn_ffid: 6,
+        fn_pc: 16,
+        fn_f: 24,
+        pt_size: 64,
+        pt_sizebc: 8,
+        pt_chunkname: 40,
+        pt_firstline: 44,
+        pt_lineinfo: 52,
+        str_len: 16,
+        str_data: 20,
+        pad: 0,
+    },
     pt_k: 16,
     pt_sizept: 32,
     pt_uvinfo: 56,
     pt_varinfo: 60,
-    str_len: 16,
-    str_data: 20,
     builtins: upstream_builtins,
 };
+
+/// A layout that differs from `base` in where G, the current state and the JIT base are.
+const fn variant(
+    base: Layout,
+    name: &'static str,
+    g2disp: u32,
+    g_cur_l: u32,
+    g_jit_base: u32,
+    builtins: fn() -> Vec<&'static str>,
+) -> Layout {
+    let mut l = base;
+    l.name = name;
+    l.abi.g2disp = g2disp;
+    l.abi.g_cur_l = g_cur_l;
+    l.abi.g_jit_base = g_jit_base;
+    l.builtins = builtins;
+    l
+}
+
+use crate::luajit_builtins::openresty;
 
 fn upstream_builtins() -> Vec<&'static str> {
     crate::luajit_builtins::UPSTREAM.to_vec()
@@ -118,37 +148,25 @@ fn upstream_builtins() -> Vec<&'static str> {
 /// The layouts known, tried in order against the live process.
 pub const LAYOUTS: &[Layout] = &[
     GC64,
-    Layout {
-        name: "openresty-gc64",
-        g2disp: 4008,
-        g_cur_l: 368,
-        g_jit_base: 376,
-        builtins: crate::luajit_builtins::openresty,
-        ..GC64
-    },
+    variant(GC64, "openresty-gc64", 4008, 368, 376, openresty),
     GC32,
-    Layout {
-        name: "upstream-2022-gc64",
-        g2disp: 3968,
-        g_cur_l: 368,
-        g_jit_base: 376,
-        ..GC64
-    },
-    Layout {
-        name: "upstream-2022-gc32",
-        g2disp: 3176,
-        g_cur_l: 288,
-        g_jit_base: 292,
-        ..GC32
-    },
-    Layout {
-        name: "openresty-gc32",
-        g2disp: 3216,
-        g_cur_l: 288,
-        g_jit_base: 292,
-        builtins: crate::luajit_builtins::openresty,
-        ..GC32
-    },
+    variant(
+        GC64,
+        "upstream-2022-gc64",
+        3968,
+        368,
+        376,
+        upstream_builtins,
+    ),
+    variant(
+        GC32,
+        "upstream-2022-gc32",
+        3176,
+        288,
+        292,
+        upstream_builtins,
+    ),
+    variant(GC32, "openresty-gc32", 3216, 288, 292, openresty),
 ];
 
 /// The interpreter's code in one mapped binary, as found in its .eh_frame.
@@ -429,35 +447,10 @@ fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
 
 /// The BPF walker's configuration for a layout and the interpreter ranges of a process.
 pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
-    let mut c = RawLuaConfig {
-        gc64: u32::from(l.gc64),
-        g2disp: l.g2disp,
-        g_vmstate: l.g_vmstate,
-        g_cur_l: l.g_cur_l,
-        g_jit_base: l.g_jit_base,
-        l_glref: l.l_glref,
-        l_base: l.l_base,
-        l_stack: l.l_stack,
-        l_cframe: l.l_cframe,
-        l_maxstack: l.l_maxstack,
-        cf_size: code.first().map_or(80, |c| c.cframe_size),
-        // CFRAME_OFS_* for x64 System V (lj_frame.h).
-        cf_l: if l.gc64 { 16 } else { 24 },
-        cf_pc: if l.gc64 { 24 } else { 28 },
-        cf_prev: 32,
-        cf_nres: if l.gc64 { 8 } else { 16 },
-        fn_ffid: l.fn_ffid,
-        fn_pc: l.fn_pc,
-        fn_f: l.fn_f,
-        pt_size: l.pt_size,
-        pt_sizebc: l.pt_sizebc,
-        pt_chunkname: l.pt_chunkname,
-        pt_firstline: l.pt_firstline,
-        pt_lineinfo: l.pt_lineinfo,
-        str_len: l.str_len,
-        str_data: l.str_data,
-        ..RawLuaConfig::default()
-    };
+    let mut c = l.abi;
+    if let Some(first) = code.first() {
+        c.cf_size = first.cframe_size;
+    }
     for (i, r) in code.iter().take(MAX_LUA_RANGES).enumerate() {
         c.vm_start[i] = r.start;
         c.vm_end[i] = r.end;
@@ -478,7 +471,7 @@ fn read_u32(mem: &File, addr: u64) -> Option<u32> {
 }
 
 fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
-    if l.gc64 {
+    if l.gc64() {
         read_u64(mem, addr)
     } else {
         read_u32(mem, addr).map(u64::from)
@@ -490,8 +483,11 @@ fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
 /// its current state's `glref` must lead back to G, and its `vmstate` must be a trace
 /// number or one of the LJ_VMST_* states.
 fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
-    let disp = if l.gc64 { r14 } else { r14 & 0xffff_ffff };
-    let Some(g) = disp.checked_sub(u64::from(l.g2disp)).filter(|&g| g != 0) else {
+    let disp = if l.gc64() { r14 } else { r14 & 0xffff_ffff };
+    let Some(g) = disp
+        .checked_sub(u64::from(l.abi.g2disp))
+        .filter(|&g| g != 0)
+    else {
         return false;
     };
     let check = || -> Option<bool> {
@@ -499,9 +495,9 @@ fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
         if !code.iter().any(|c| first >= c.start && first < c.end) {
             return Some(false);
         }
-        let cur_l = read_ref(mem, l, g + u64::from(l.g_cur_l))?;
-        let glref = read_ref(mem, l, cur_l + u64::from(l.l_glref))?;
-        let vmstate = read_u32(mem, g + u64::from(l.g_vmstate))? as i32;
+        let cur_l = read_ref(mem, l, g + u64::from(l.abi.g_cur_l))?;
+        let glref = read_ref(mem, l, cur_l + u64::from(l.abi.l_glref))?;
+        let vmstate = read_u32(mem, g + u64::from(l.abi.g_vmstate))? as i32;
         Some(cur_l != 0 && glref == g && (-8..1 << 20).contains(&vmstate))
     };
     check().unwrap_or(false)
@@ -511,14 +507,14 @@ fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
 /// of GC32 builds keeps no DISPATCH in r14): a slot whose SAVE_L names a state whose
 /// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
 fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
-    let cf_l = if l.gc64 { 16 } else { 24 };
-    let width = if l.gc64 { 8 } else { 4 };
+    let cf_l = l.abi.cf_l as usize;
+    let width = if l.gc64() { 8 } else { 4 };
     let stack = &sample.user_stack;
     (0..stack.len().saturating_sub(cf_l + width))
         .step_by(16)
         .any(|off| {
             let raw = &stack[off + cf_l..off + cf_l + width];
-            let state = match l.gc64 {
+            let state = match l.gc64() {
                 true => u64::from_le_bytes(raw.try_into().unwrap()),
                 false => u64::from(u32::from_le_bytes(raw.try_into().unwrap())),
             };
@@ -526,9 +522,9 @@ fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
                 return false;
             }
             let cf = sample.regs.sp + off as u64;
-            read_u64(mem, state + u64::from(l.l_cframe)).is_some_and(|c| c & !3 == cf)
-                && read_ref(mem, l, state + u64::from(l.l_glref))
-                    .is_some_and(|g| validates(mem, l, g + u64::from(l.g2disp), code))
+            read_u64(mem, state + u64::from(l.abi.l_cframe)).is_some_and(|c| c & !3 == cf)
+                && read_ref(mem, l, state + u64::from(l.abi.l_glref))
+                    .is_some_and(|g| validates(mem, l, g + u64::from(l.abi.g2disp), code))
         })
 }
 
@@ -536,20 +532,20 @@ fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
 /// saw (the same chunk name, first line, line count and size).
 fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
     let pt = f.ptr;
-    let chunkname = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
-    let firstline = read_u32(mem, pt + u64::from(l.pt_firstline))? as i32;
-    let numline = read_u32(mem, pt + u64::from(l.pt_firstline) + 4)?;
-    let sizebc = read_u32(mem, pt + u64::from(l.pt_sizebc))?;
+    let chunkname = read_ref(mem, l, pt + u64::from(l.abi.pt_chunkname))?;
+    let firstline = read_u32(mem, pt + u64::from(l.abi.pt_firstline))? as i32;
+    let numline = read_u32(mem, pt + u64::from(l.abi.pt_firstline) + 4)?;
+    let sizebc = read_u32(mem, pt + u64::from(l.abi.pt_sizebc))?;
     if (chunkname, firstline, numline, sizebc) != (f.chunkname, f.firstline, f.numline, f.sizebc)
         || sizebc > MAX_SIZEBC
     {
         return None;
     }
-    let len = read_u32(mem, chunkname + u64::from(l.str_len))? as usize;
+    let len = read_u32(mem, chunkname + u64::from(l.abi.str_len))? as usize;
     let mut text = vec![0u8; len.min(MAX_CHUNKNAME)];
-    mem.read_exact_at(&mut text, chunkname + u64::from(l.str_data))
+    mem.read_exact_at(&mut text, chunkname + u64::from(l.abi.str_data))
         .ok()?;
-    let lineinfo = read_ref(mem, l, pt + u64::from(l.pt_lineinfo))?;
+    let lineinfo = read_ref(mem, l, pt + u64::from(l.abi.pt_lineinfo))?;
     Some(LuaProto {
         pid: 0,
         id: 0,
@@ -566,13 +562,13 @@ fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
 /// constants.
 fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32, String)>> {
     let sizept = read_u32(mem, pt + u64::from(l.pt_sizept))? as usize;
-    let bc_end = l.pt_size as usize + sizebc as usize * 4;
+    let bc_end = l.abi.pt_size as usize + sizebc as usize * 4;
     if sizept < bc_end || sizept > 16 << 20 {
         return None;
     }
     let mut block = vec![0u8; sizept];
     mem.read_exact_at(&mut block, pt).ok()?;
-    let bc: Vec<u32> = block[l.pt_size as usize..bc_end]
+    let bc: Vec<u32> = block[l.abi.pt_size as usize..bc_end]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
@@ -585,15 +581,15 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
         }
     };
     let k = read_ref(mem, l, pt + u64::from(l.pt_k))?;
-    let refsize: u64 = if l.gc64 { 8 } else { 4 };
+    let refsize: u64 = if l.gc64() { 8 } else { 4 };
     let kstr = |idx: u32| -> Option<String> {
         let s = read_ref(mem, l, k.checked_sub((u64::from(idx) + 1) * refsize)?)?;
-        let len = read_u32(mem, s + u64::from(l.str_len))? as usize;
+        let len = read_u32(mem, s + u64::from(l.abi.str_len))? as usize;
         if len > 256 {
             return None;
         }
         let mut text = vec![0u8; len];
-        mem.read_exact_at(&mut text, s + u64::from(l.str_data))
+        mem.read_exact_at(&mut text, s + u64::from(l.abi.str_data))
             .ok()?;
         Some(String::from_utf8_lossy(&text).into_owned())
     };
@@ -602,7 +598,7 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
         kstr: &kstr,
         uvinfo: inside(l.pt_uvinfo),
         varinfo: inside(l.pt_varinfo),
-        fr2: l.gc64,
+        fr2: l.gc64(),
     };
     Some(crate::luajit_bytecode::callee_names(&proto))
 }
@@ -610,48 +606,47 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
 /// A proto from BPF's copy: chunk name and lines (no callee names).
 fn copied_proto(c: &RawLuaProto) -> LuaProto {
     let name_len = (c.chunkname_len as usize).min(c.name.len());
-    let width = match c.numline {
-        0..=255 => 1,
-        256..=65535 => 2,
-        _ => 4,
-    };
     let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
-    let expected = c.sizebc.saturating_sub(1) as usize * width;
     LuaProto {
         pid: 0,
         id: 0,
         chunkname: String::from_utf8_lossy(&c.name[..name_len]).into_owned(),
         firstline: c.firstline,
         numline: c.numline,
-        lines: match raw.len() == expected {
-            true => lines_from(raw, width, c.firstline, c.numline),
-            false => Vec::new(),
-        },
+        lines: lines(raw, c.firstline, c.numline, c.sizebc),
         callee_names: Vec::new(),
     }
 }
 
-/// The line of each bytecode position, as lj_debug_line computes it: the header is the
-/// first line, `sizebc` the last, and lineinfo holds offsets from the first line of
-/// the others, in bytes, halfwords or words depending on the line count.
-fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
+/// Bytes per lineinfo entry, and entries: a byte, halfword or word per bytecode
+/// position after the header, by the proto's line count.
+fn lineinfo_shape(numline: u32, sizebc: u32) -> (usize, usize) {
     let width = match numline {
         0..=255 => 1,
         256..=65535 => 2,
         _ => 4,
     };
-    let n = sizebc.saturating_sub(1) as usize;
+    (width, sizebc.saturating_sub(1) as usize)
+}
+
+fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
+    let (width, n) = lineinfo_shape(numline, sizebc);
     let mut raw = vec![0u8; n * width];
     if lineinfo == 0 || mem.read_exact_at(&mut raw, lineinfo).is_err() {
         return Vec::new();
     }
-    lines_from(&raw, width, firstline, numline)
+    lines(&raw, firstline, numline, sizebc)
 }
 
-/// Lines per bytecode position from a raw lineinfo array of `width`-byte entries.
-fn lines_from(raw: &[u8], width: usize, firstline: i32, numline: u32) -> Vec<u32> {
+/// The line of each bytecode position, as lj_debug_line computes it: the header is the
+/// first line, `sizebc` the last, and the lineinfo array `raw` holds offsets from the
+/// first line of the others. Empty when `raw` is not the whole array.
+fn lines(raw: &[u8], firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
+    let (width, n) = lineinfo_shape(numline, sizebc);
+    if raw.len() != n * width {
+        return Vec::new();
+    }
     let first = firstline.max(0) as u32;
-    let n = raw.len() / width;
     let mut lines = Vec::with_capacity(n + 2);
     lines.push(first);
     lines.extend(raw.chunks_exact(width).map(|c| {

@@ -15,7 +15,7 @@ use crate::embedder::{Embedder, Job};
 use crate::luajit::{LuaJit, VmCode};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
-use crate::sampler::{Sampler, SamplerConfig};
+use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, STOP, STOP_SIGNAL};
 use crate::{Args, DebugMode};
 use lrec_format::elf::{self, DebugInfo};
@@ -168,15 +168,11 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
 fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     let mut failure = None;
-    let rec = std::cell::RefCell::new(rec);
-    sampler.drain(
-        |bytes| {
-            if failure.is_none() {
-                failure = rec.borrow_mut().on_sample(bytes).err();
-            }
-        },
-        |bytes| rec.borrow_mut().lua.on_proto(bytes),
-    );
+    sampler.drain(|record| match record {
+        Drained::Sample(bytes) if failure.is_none() => failure = rec.on_sample(bytes).err(),
+        Drained::Sample(_) => {}
+        Drained::LuaProto(bytes) => rec.lua.on_proto(bytes),
+    });
     failure.map_or(Ok(()), Err)
 }
 
@@ -376,9 +372,8 @@ impl Recording {
             Ok(e) if e.is_empty() => return Ok(()),
             Ok(e) => e,
             // The target may be exiting; samples already taken keep earlier mappings.
-            Err(_) if !proc.written.is_empty() || !first || !self.procs.is_empty() => {
-                return Ok(());
-            }
+            // Only the first read of the first process must succeed.
+            Err(_) if !first || !self.procs.is_empty() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
         let now = procfs::monotonic_ns();
@@ -398,7 +393,10 @@ impl Recording {
                 executable.push((entry.start, entry.end));
             }
             let new = !proc.written.contains(&key);
-            let (build_id, memory) = if new || entry.file_path().is_some() {
+            // Executable files are identified on every read: they key the interpreters
+            // found in binaries (a cached lookup; the vDSO has no file).
+            let exec_file = entry.perms.contains('x') && entry.file_path().is_some();
+            let (build_id, memory) = if new || exec_file {
                 self.identify(pid, &entry)
             } else {
                 (None, None)
@@ -494,23 +492,18 @@ impl Recording {
                 .build_id
                 .clone()
                 .unwrap_or_else(|| binary.path.as_bytes().to_vec());
-            if let std::collections::hash_map::Entry::Vacant(slot) = self.vms.entry(key) {
-                if let Some(vm) = elf::luajit_vm(&binary) {
-                    slot.insert((vm, binary.segments.clone()));
-                    self.place_vms();
-                }
-            }
+            self.note_vm(&key, &binary);
             self.writer.push(&Record::Binary(binary))?;
         }
         Ok(())
     }
 
     /// Looks for a LuaJIT interpreter in a newly mapped binary at once, rather than when
-    /// the embedder is done with it: samples taken until then get no Lua frames. Only the
-    /// unwind sections are parsed; big files are left to the embedder.
+    /// the embedder is done with it: samples taken until then get no Lua frames. Files too
+    /// big to read here are left to the embedder ([`Recording::note_vm`]).
     fn find_vm(&mut self, pid: u32, entry: &MapsEntry, key: &[u8]) {
         const MAX_FILE: u64 = 64 << 20;
-        if entry.file_path().is_none() || !self.vm_checked.insert(key.to_vec()) {
+        if entry.file_path().is_none() || self.vm_checked.contains(key) {
             return;
         }
         let Ok(mut file) = procfs::open_mapped_file(pid, entry) else {
@@ -520,12 +513,22 @@ impl Recording {
             return;
         }
         let mut data = Vec::new();
-        if file.read_to_end(&mut data).is_err() {
+        if file.read_to_end(&mut data).is_ok() {
+            self.note_vm(
+                key,
+                &elf::binary_record(&entry.path, &data, DebugInfo::None),
+            );
+        }
+    }
+
+    /// Looks for an interpreter in a binary, once per binary.
+    fn note_vm(&mut self, key: &[u8], binary: &Binary) {
+        if !self.vm_checked.insert(key.to_vec()) {
             return;
         }
-        let binary = elf::binary_record(&entry.path, &data, DebugInfo::None);
-        if let Some(vm) = elf::luajit_vm(&binary) {
-            self.vms.insert(key.to_vec(), (vm, binary.segments));
+        if let Some(vm) = elf::luajit_vm(binary) {
+            self.vms.insert(key.to_vec(), (vm, binary.segments.clone()));
+            self.place_vms();
         }
     }
 

@@ -61,9 +61,17 @@ pub enum SamplerError {
     Poll(#[source] std::io::Error),
 }
 
+/// A record taken from the BPF ring buffers.
+pub enum Drained<'a> {
+    /// `struct lrec_sample` and its data.
+    Sample(&'a [u8]),
+    /// `struct lrec_lua_proto`.
+    LuaProto(&'a [u8]),
+}
+
 /// A loaded, attached sampler. Dropping it detaches everything.
 pub struct Sampler {
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
@@ -180,7 +188,7 @@ impl Sampler {
             }
         };
         Ok(Sampler {
-            _ebpf: ebpf,
+            ebpf,
             ring,
             lost,
             lua_config,
@@ -234,22 +242,22 @@ impl Sampler {
         changed
     }
 
-    /// Hands every pending sample record to `sample`, and before each, the Lua protos
-    /// BPF copied until then to `proto` (a sample's new protos are copied before it is
-    /// committed, so they are all seen before it).
-    pub fn drain(&mut self, mut sample: impl FnMut(&[u8]), mut proto: impl FnMut(&[u8])) {
+    /// Hands every pending sample record to `f`, and before each the Lua protos BPF
+    /// copied until then (a sample's new protos are copied before it is committed, so they
+    /// all come before it).
+    pub fn drain(&mut self, mut f: impl FnMut(Drained)) {
         while let Some(item) = self.ring.next() {
             while let Some(p) = self.lua_protos.next() {
-                proto(&p);
+                f(Drained::LuaProto(&p));
             }
-            sample(&item);
+            f(Drained::Sample(&item));
         }
     }
 
     /// The sampling program's runs and total run time so far, when the kernel counts
     /// them (`sysctl kernel.bpf_stats_enabled=1`).
     pub fn bpf_cost(&self) -> Option<(u64, Duration)> {
-        let prog: &PerfEvent = self._ebpf.program("sample")?.try_into().ok()?;
+        let prog: &PerfEvent = self.ebpf.program("sample")?.try_into().ok()?;
         let info = prog.info().ok()?;
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
     }

@@ -50,7 +50,7 @@ pub fn installed(path: &str, why: &str) -> Option<PathBuf> {
     if Path::new(path).exists() {
         return Some(PathBuf::from(path));
     }
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
+    if in_ci() {
         panic!("{path} is missing ({why}): `make setup` installs it");
     }
     eprintln!("\n!!!!!!!!!! SKIPPED {why}: {path} is missing. Run `make setup`. !!!!!!!!!!\n");
@@ -80,18 +80,17 @@ pub fn lua_chain(frames: &[String], chunk: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Scores Lua stacks: a sample counts when its innermost Lua function of `chunk` is
-/// `hot`, and is exact when its Lua chain is one of `truths`.
-pub fn score_lua(
-    stacks: &[(Vec<String>, u64)],
-    chunk: &str,
-    hot: u32,
-    truths: &[Vec<u32>],
-) -> Score {
+/// Scores Lua stacks: a sample counts when its innermost Lua function of `chunk` is a
+/// hot one (the last function of a true chain), and is exact when its Lua chain is one of
+/// `truths`.
+pub fn score_lua(stacks: &[(Vec<String>, u64)], chunk: &str, truths: &[Vec<u32>]) -> Score {
     let mut s = Score::default();
     for (frames, n) in stacks {
         let chain = lua_chain(frames, chunk);
-        if chain.last() != Some(&hot) {
+        if !chain
+            .last()
+            .is_some_and(|leaf| truths.iter().any(|t| t.last() == Some(leaf)))
+        {
             continue;
         }
         s.judged += n;
@@ -114,12 +113,17 @@ pub fn score_lua(
     s
 }
 
+/// Under CI (`CI=true`) a test that cannot run fails instead of skipping.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
 /// Takes the recording lock, or returns None (after saying why, loudly) when this is not
 /// root outside CI. Under CI a missing privilege is a failure, not a skip.
 pub fn bpf_test(name: &str) -> Option<MutexGuard<'static, ()>> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
+        if in_ci() {
             panic!("{name}: end-to-end tests must run as root in CI");
         }
         eprintln!(

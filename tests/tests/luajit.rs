@@ -86,16 +86,7 @@ fn lua_is_exact(what: &str, luajit: PathBuf, jit_off: bool, file: &str, truths: 
     let (dir, cap) = record_lua(what, &luajit, jit_off, file, 10, 8);
 
     let (stacks, _) = folded(&cap, &["--offline"]);
-    let mut hots: Vec<u32> = truths.iter().map(|t| *t.last().unwrap()).collect();
-    hots.dedup();
-    let mut total = Score::default();
-    for hot in hots {
-        let score = score_lua(&stacks, file, hot, truths);
-        total.judged += score.judged;
-        total.exact += score.exact;
-        total.per_leaf.extend(score.per_leaf);
-        total.wrong.extend(score.wrong);
-    }
+    let total = score_lua(&stacks, file, truths);
     eprintln!(
         "{what}: {}/{} samples in hot functions exact ({:.2} %), per chain {:?}",
         total.exact,

@@ -43,7 +43,8 @@ pub fn cframes(stack: &LuaStack, out: &mut Vec<u64>) {
 /// - A native VM frame whose stack pointer is a cframe is replaced by the Lua frames it
 ///   ran (a VM frame running none, as lua_cpcall's, stays native).
 /// - VM code below the innermost cframe (helpers such as `lj_vm_floor`) and JIT-compiled
-///   code are the Lua frames' own work: dropped.
+///   code, marked by the unwinder as [`CodeAddress::vm_work`], are the Lua frames' own
+///   work: dropped.
 /// - A C function the VM called directly is shown once, by its Lua frame (which names
 ///   built-ins `string.gsub`, not by the symbol of their C implementation).
 /// - Lua frames whose VM frame the native unwinding did not reach (a stack cut short)
@@ -52,7 +53,6 @@ pub fn merge(
     native: &[CodeAddress],
     stack: &LuaStack,
     vm: &VmHint,
-    is_jit_code: impl Fn(&CodeAddress) -> bool,
     state: Option<&'static str>,
     out: &mut Vec<Merged>,
 ) {
@@ -68,11 +68,10 @@ pub fn merge(
     let mut placed = vec![false; segments.len()];
     let mut state = state;
     for (i, f) in native.iter().enumerate() {
-        let lookup = f.lookup_avma();
-        if vm.in_vm(lookup) {
-            if f.sp < vm.innermost {
-                continue;
-            }
+        if f.vm_work {
+            continue;
+        }
+        if vm.in_vm(f.lookup_avma()) {
             let seg = segments
                 .iter()
                 .position(|s| stack.frames[s.start].cframe == f.sp);
@@ -91,8 +90,6 @@ pub fn merge(
                 out.extend(seg.map(Merged::Lua));
                 continue;
             }
-        } else if is_jit_code(f) && f.sp < vm.innermost {
-            continue;
         }
         out.push(Merged::Native(i));
     }
@@ -117,6 +114,7 @@ mod tests {
             is_return: true,
             region: None,
             sp,
+            vm_work: false,
         }
     }
 
@@ -146,7 +144,10 @@ mod tests {
             ..LuaStack::default()
         };
         let frames = [
-            native(0x10_0100, 0x7f8), // helper, leaf
+            CodeAddress {
+                vm_work: true,
+                ..native(0x10_0100, 0x7f8) // helper, leaf
+            },
             native(0x10_0200, 0x800), // VM frame of the comparator
             native(0x5000, 0x900),    // lua_call
             native(0x6000, 0x980),    // sort's C implementation
@@ -162,7 +163,7 @@ mod tests {
             innermost: 0x800,
         };
         let mut out = Vec::new();
-        merge(&frames, &stack, &hint, |_| false, None, &mut out);
+        merge(&frames, &stack, &hint, None, &mut out);
         let lua_ids: Vec<String> = out
             .iter()
             .map(|m| match m {
