@@ -249,6 +249,7 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	p->firstline = f->firstline;
 	p->numline = f->numline;
 	p->sizebc = f->sizebc;
+	p->abs_len = 0;
 	__u32 len = rd32(f->chunkname + w->cfg.str_len);
 	p->chunkname_len = len;
 	if (len > LREC_LUA_CHUNKNAME)

@@ -133,6 +133,7 @@ static long copy_page(__u64 i, struct copy_ctx *c)
 }
 
 #include "luajit.h"
+#include "puc.h"
 
 static void count_lost(void)
 {
@@ -212,11 +213,13 @@ int sample(struct bpf_perf_event_data *ctx)
 		s->flags |= LREC_STACK_FAULTED;
 	s->stack_len = c.copied;
 
-	/* The Lua stack, when this process runs a LuaJIT VM lrec has identified. */
+	/* The Lua stack, when this process runs a Lua VM (LuaJIT or PUC) lrec has identified. */
 	s->lua_offset = (c.copied + 7) & ~7U;
 	s->lua_len = 0;
 	if (!(s->flags & LREC_NO_USER_REGS))
 		s->lua_len = lua_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
+	if (!(s->flags & LREC_NO_USER_REGS) && !s->lua_len)
+		s->lua_len = puc_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
 	__u32 data_len = s->lua_len ? s->lua_offset + s->lua_len : c.copied;
 	__u64 size = sizeof(struct lrec_sample) + (data_len & (LREC_DATA_SIZE - 1));
 	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes

@@ -83,6 +83,8 @@ struct lrec_lua_config {
 /* Most chunk-name bytes and line-table bytes copied with a proto. */
 #define LREC_LUA_CHUNKNAME 512
 #define LREC_LUA_LINEINFO 4096
+/* PUC Lua 5.4+: the line deltas fill lineinfo up to here, the absolute lines follow. */
+#define LREC_PUC_ABS_AT 3072
 
 /* A proto's names and lines, copied once (per address, chunk name, lines and size) when a
  * sample first runs it: short-lived code is gone by the time lrec could read it. */
@@ -95,6 +97,8 @@ struct lrec_lua_proto {
 	__u32 numline;
 	__u32 sizebc;
 	__u32 lineinfo_len;  /* bytes copied */
+	__u32 abs_len;       /* PUC Lua 5.4+: bytes of abslineinfo copied at LREC_PUC_ABS_AT */
+	__u32 pad;
 	__u8 name[LREC_LUA_CHUNKNAME];
 	__u8 lineinfo[LREC_LUA_LINEINFO];
 };
@@ -123,6 +127,75 @@ struct lrec_lua_stack {
 	__u16 nframes;
 	__u16 flags;
 	/* nframes struct lrec_lua_frame follow */
+};
+
+/* ---- PUC Lua 5.1–5.5 ------------------------------------------------------------- */
+/* PUC frames use struct lrec_lua_frame too: func is the closure, ptr its Proto (C
+ * functions: the C function), chunkname the source TString, firstline/numline
+ * linedefined/lastlinedefined, sizebc sizecode, pos the current instruction, ffid 0 Lua or
+ * 1 C, link LREC_PUC_* bits, and cframe where the frame's coroutine began on the native
+ * stack (its outermost lua_longjmp, set up by lua_resume; 0 for the outermost thread). */
+
+/* lrec_lua_frame.link for PUC Lua */
+#define LREC_PUC_FRESH 1 /* a native luaV_execute call began at this frame */
+#define LREC_PUC_TAIL 2  /* reached by a tail call: its caller is gone */
+
+/* lrec_puc_config.fresh_rule: how a CallInfo tells that luaV_execute began at it */
+#define LREC_PUC_RULE_FRESH 0   /* callstatus & cist_fresh (5.3.2+, 5.4.2+, 5.5) */
+#define LREC_PUC_RULE_REENTRY 1 /* !(callstatus & cist_fresh): CIST_REENTRY (5.2, 5.3.0-1) */
+#define LREC_PUC_RULE_ALL 2     /* every Lua call recurses into luaV_execute (5.4.0-1) */
+#define LREC_PUC_RULE_OPCODE 3  /* 5.1: unless the caller's instruction is a call */
+
+/* lrec_puc_config.strings */
+#define LREC_PUC_STR_LEN 0      /* 5.1, 5.2: a size_t length at str_len */
+#define LREC_PUC_STR_SHORTLONG 1 /* 5.3, 5.4: shrlen byte for short strings, else lnglen */
+#define LREC_PUC_STR_55 2       /* 5.5: shrlen < 0 marks a long string holding a pointer */
+
+/* The layout of one PUC Lua release (x86_64, default luaconf), known to lrec by the
+ * version string in the binary and stored per process in the puc_config map. */
+struct lrec_puc_config {
+	__u32 version;     /* 501 .. 505 */
+	__u32 fresh_rule;
+	__u32 cist_fresh;
+	__u32 cist_tail;
+	__u32 callstatus_size; /* bytes of ci->callstatus: 1, 2 or 4 */
+	__u32 l_g;         /* lua_State */
+	__u32 l_ci;
+	__u32 l_status;    /* a byte */
+	__u32 l_base_ci;   /* 5.2+: the embedded base CallInfo; 5.1: a pointer to the array */
+	__u32 l_savedpc;   /* 5.1: the current Lua function's pc */
+	__u32 l_errorjmp;
+	__u32 g_mainthread;
+	__u32 ci_func;     /* CallInfo */
+	__u32 ci_previous; /* 5.1: none, CallInfos are an array of ci_size */
+	__u32 ci_savedpc;
+	__u32 ci_callstatus;
+	__u32 ci_size;     /* sizeof(CallInfo) */
+	__u32 tag_lcl;     /* type tags as stored in a TValue (tt at +8) */
+	__u32 tag_ccl;
+	__u32 tag_lcf;
+	__u32 tag_thread;
+	__u32 cl_isc;      /* 5.1: Closure.isC */
+	__u32 cl_p;        /* LClosure.p */
+	__u32 ccl_f;       /* CClosure.f */
+	__u32 ccl_upvalue; /* CClosure.upvalue[0] */
+	__u32 p_source;    /* Proto */
+	__u32 p_linedefined;
+	__u32 p_lastlinedefined;
+	__u32 p_code;
+	__u32 p_sizecode;
+	__u32 p_lineinfo;
+	__u32 p_sizelineinfo;
+	__u32 p_abslineinfo; /* 5.4+, else 0 */
+	__u32 p_sizeabslineinfo;
+	__u32 strings;     /* LREC_PUC_STR_* */
+	__u32 str_len;     /* TString: length or lnglen */
+	__u32 str_shrlen;
+	__u32 str_data;    /* text, or (5.5 long strings) a pointer to it */
+	__u32 op_call;     /* 5.1 */
+	__u32 op_tailcall;
+	__u32 l_size;      /* sizeof(lua_State), sizeof(Proto): reads stop there, as the */
+	__u32 p_size;      /* heap may end right after an object */
 };
 
 #endif

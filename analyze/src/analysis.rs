@@ -354,7 +354,9 @@ fn unwind_sample(
         Some(space) => {
             let mut cframes = Vec::new();
             let code = lua.map(|(_, _, rt)| [(rt.vm_start, rt.vm_end)]);
+            let puc = lua.filter(|(_, _, rt)| lua::is_puc(rt));
             let hint = match (lua, &code) {
+                _ if puc.is_some() => None,
                 (Some((l, _, _)), Some(code)) => {
                     lua::cframes(l, &mut cframes);
                     Some(VmHint {
@@ -367,10 +369,18 @@ fn unwind_sample(
             };
             let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);
             match (lua, hint) {
-                (Some((l, ctx, _)), Some(hint)) => {
+                (Some((l, ctx, rt)), hint) if hint.is_some() || puc.is_some() => {
                     let mut merged = Vec::new();
-                    let state = luajit::state_frame(l.vmstate);
-                    lua::merge(stack.frames, l, &hint, state, &mut merged);
+                    match hint {
+                        Some(hint) => {
+                            let state = luajit::state_frame(l.vmstate);
+                            lua::merge(stack.frames, l, &hint, state, &mut merged);
+                        }
+                        None => {
+                            let execute = (rt.vm_start, rt.vm_end);
+                            lua::puc::merge(stack.frames, l, execute, &mut merged);
+                        }
+                    }
                     out.user = merged
                         .iter()
                         .map(|m| {

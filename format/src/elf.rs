@@ -561,16 +561,8 @@ const MIN_VM_FDE: u64 = 10_000;
 /// FDE covering `lj_vm_asm_begin` up to the FFI call code, whose CFA is `rsp + 80` (or
 /// `+ 96`) everywhere, the VM's C frame. Symbols are not needed (Debian hides `lj_*`).
 pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
-    use gimli::{BaseAddresses, CfaRule, EhFrame, UnwindContext, UnwindSection, X86_64};
-    let eh = binary.section(".eh_frame").filter(|s| !s.data.is_empty())?;
-    let mut bases = BaseAddresses::default().set_eh_frame(eh.addr);
-    if let Some(text) = binary.section(".text") {
-        bases = bases.set_text(text.addr);
-    }
-    if let Some(hdr) = binary.section(".eh_frame_hdr") {
-        bases = bases.set_eh_frame_hdr(hdr.addr);
-    }
-    let frame = EhFrame::new(&eh.data, gimli::LittleEndian);
+    use gimli::{CfaRule, UnwindContext, UnwindSection, X86_64};
+    let (frame, bases) = eh_frame(binary)?;
     let mut ctx = UnwindContext::new();
     let mut entries = frame.entries(&bases);
     let mut best: Option<LuaJitVm> = None;
@@ -578,7 +570,7 @@ pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
         let gimli::CieOrFde::Fde(partial) = entry else {
             continue;
         };
-        let Ok(fde) = partial.parse(EhFrame::cie_from_offset) else {
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
             continue;
         };
         let (start, len) = (fde.initial_address(), fde.len());
@@ -600,4 +592,77 @@ pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
         }
     }
     best
+}
+
+/// A binary's `.eh_frame` and the base addresses its pointers are relative to.
+fn eh_frame(
+    binary: &Binary,
+) -> Option<(
+    gimli::EhFrame<gimli::EndianSlice<'_, gimli::LittleEndian>>,
+    gimli::BaseAddresses,
+)> {
+    let eh = binary.section(".eh_frame").filter(|s| !s.data.is_empty())?;
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.addr);
+    if let Some(text) = binary.section(".text") {
+        bases = bases.set_text(text.addr);
+    }
+    if let Some(hdr) = binary.section(".eh_frame_hdr") {
+        bases = bases.set_eh_frame_hdr(hdr.addr);
+    }
+    Some((gimli::EhFrame::new(&eh.data, gimli::LittleEndian), bases))
+}
+
+/// The code range (SVMA) of the largest function the binary's `.eh_frame` describes.
+pub fn largest_function(binary: &Binary) -> Option<(u64, u64)> {
+    use gimli::UnwindSection;
+    let (frame, bases) = eh_frame(binary)?;
+    let mut entries = frame.entries(&bases);
+    let mut best: Option<(u64, u64)> = None;
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
+            continue;
+        };
+        let (start, len) = (fde.initial_address(), fde.len());
+        if best.is_none_or(|(s, e)| e - s < len) {
+            best = Some((start, start + len));
+        }
+    }
+    best
+}
+
+/// The code range (SVMA) of the function symbol `name` in an ELF file's `.symtab` or
+/// `.dynsym` (a binary, or the separate debug file of one).
+pub fn function_symbol(data: &[u8], name: &str) -> Option<(u64, u64)> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let file = parse_x86_64(data).ok()?;
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
+        .map(|s| (s.address(), s.address() + s.size()))
+}
+
+/// A PUC Lua release named in a binary by `lua_ident` (lapi.c), which every build that
+/// links the Lua API carries: `$LuaVersion: Lua 5.4.6  Copyright…` (5.2 on) or
+/// `$Lua: Lua 5.1.5 Copyright…`. Returns (minor, patch), e.g. (4, 6).
+pub fn lua_release(data: &[u8]) -> Option<(u32, u32)> {
+    for prefix in [&b"$LuaVersion: Lua 5."[..], &b"$Lua: Lua 5."[..]] {
+        let Some(at) = data.windows(prefix.len()).position(|w| w == prefix) else {
+            continue;
+        };
+        let rest = &data[at + prefix.len()..];
+        let number = |b: &[u8]| -> Option<(u32, usize)> {
+            let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+            Some((std::str::from_utf8(&b[..n]).ok()?.parse().ok()?, n))
+        };
+        let (minor, n) = number(rest)?;
+        let patch = match rest.get(n) {
+            Some(b'.') => number(&rest[n + 1..]).map_or(0, |(p, _)| p),
+            _ => 0,
+        };
+        return Some((minor, patch));
+    }
+    None
 }

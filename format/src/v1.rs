@@ -319,20 +319,33 @@ pub mod lua_frame_kind {
     pub const BUILTIN: u8 = 2;
 }
 
+/// [`LuaFrame::link`] bits of PUC Lua frames.
+pub mod puc_link {
+    /// A native `luaV_execute` call began at this frame (it was called from C, or by the
+    /// VM for a metamethod or an iterator): the Lua frames from here to the next such
+    /// frame inward run in one native frame.
+    pub const FRESH: u8 = 1;
+    /// Reached by a tail call: its caller's frame is gone.
+    pub const TAIL: u8 = 2;
+}
+
 /// One Lua frame.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct LuaFrame {
     /// [`lua_frame_kind`].
     pub kind: u8,
     pub builtin: u8,
-    /// How this frame was called (LuaJIT: the FRAME_* type of its link).
+    /// How this frame was called (LuaJIT: the FRAME_* type of its link; PUC Lua:
+    /// [`puc_link`] bits).
     pub link: u8,
     /// [`LuaProto::id`] of a Lua frame.
     pub function: u32,
     pub address: u64,
     /// Bytecode position current in the frame, `u32::MAX` when unknown.
     pub pos: u32,
-    /// Stack address of the VM's native frame that runs this frame (LuaJIT: its cframe).
+    /// Stack address of the VM's native frame that runs this frame (LuaJIT: its cframe;
+    /// PUC Lua: where the frame's coroutine began on the native stack, 0 for the
+    /// outermost thread).
     pub cframe: u64,
 }
 

@@ -9,7 +9,8 @@ use std::os::unix::fs::FileExt;
 
 use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
 
-use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, MAX_LUA_RANGES};
+use crate::puc;
+use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, MAX_LUA_RANGES};
 
 /// Samples in the interpreter that must agree on a layout before it is used.
 const VOTES_NEEDED: u32 = 3;
@@ -169,13 +170,16 @@ pub const LAYOUTS: &[Layout] = &[
     variant(GC32, "openresty-gc32", 3216, 288, 292, openresty),
 ];
 
-/// The interpreter's code in one mapped binary, as found in its .eh_frame.
+/// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
+/// PUC Lua's luaV_execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VmCode {
     pub start: u64,
     pub end: u64,
-    /// CFRAME_SIZE: the CFA offset of the VM's frame.
+    /// CFRAME_SIZE: the CFA offset of the VM's frame (LuaJIT).
     pub cframe_size: u32,
+    /// PUC Lua: the release (minor, patch) named by the binary's version string.
+    pub release: Option<(u32, u32)>,
 }
 
 enum Detection {
@@ -186,6 +190,8 @@ enum Detection {
     },
     Ready(usize),
     Failed,
+    /// PUC Lua, whose layout follows from its release.
+    Puc(puc::Release),
 }
 
 struct ProcessVm {
@@ -207,6 +213,19 @@ struct ProtoKey {
     sizebc: u32,
 }
 
+impl ProtoKey {
+    fn of(pid: u32, f: &RawLuaFrame) -> ProtoKey {
+        ProtoKey {
+            pid,
+            ptr: f.ptr,
+            chunkname: f.chunkname,
+            firstline: f.firstline,
+            numline: f.numline,
+            sizebc: f.sizebc,
+        }
+    }
+}
+
 /// LuaJIT state of every recorded process.
 #[derive(Default)]
 pub struct LuaJit {
@@ -217,6 +236,7 @@ pub struct LuaJit {
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
+    puc_configs: Vec<(u32, RawPucConfig)>,
     /// Records to write before the next sample.
     records: Vec<Record>,
     /// One-line messages for the user.
@@ -226,6 +246,9 @@ pub struct LuaJit {
 impl LuaJit {
     /// Notes an interpreter mapped in `pid` (from `path`).
     pub fn add_vm(&mut self, pid: u32, path: &str, code: VmCode) {
+        if let Some((minor, patch)) = code.release {
+            return self.add_puc(pid, path, code, minor, patch);
+        }
         let p = self.procs.entry(pid).or_insert_with(|| ProcessVm {
             path: path.to_string(),
             found: std::time::Instant::now(),
@@ -245,6 +268,40 @@ impl LuaJit {
             let cfg = config(&LAYOUTS[i], &p.code);
             self.configs.push((pid, cfg));
         }
+    }
+
+    /// A PUC Lua interpreter: its release gives its layout at once (or none is known).
+    fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
+        if self.procs.contains_key(&pid) {
+            // One VM implementation per process: the first found.
+            return;
+        }
+        let release = puc::release(minor, patch);
+        let p = ProcessVm {
+            path: path.to_string(),
+            found: std::time::Instant::now(),
+            code: vec![code],
+            detection: release.map_or(Detection::Failed, Detection::Puc),
+            mem: None,
+        };
+        let mut r = runtime(pid, &p, None);
+        r.vm = format!("Lua 5.{minor}.{patch}");
+        match release {
+            Some(rel) => {
+                r.layout = rel.name();
+                self.puc_configs.push((pid, rel.abi));
+            }
+            None => {
+                let msg = format!(
+                    "pid {pid}: found Lua 5.{minor}.{patch} in {path}, a release whose memory \
+                     layout lrec does not know; recording native stacks only"
+                );
+                r.error = Some(msg.clone());
+                self.messages.push(msg);
+            }
+        }
+        self.records.push(Record::LuaRuntime(r));
+        self.procs.insert(pid, p);
     }
 
     /// Keeps a proto BPF copied (from the `lua_protos` ring).
@@ -279,6 +336,11 @@ impl LuaJit {
         std::mem::take(&mut self.configs)
     }
 
+    /// PUC Lua configurations that became known since the last call.
+    pub fn take_puc_configs(&mut self) -> Vec<(u32, RawPucConfig)> {
+        std::mem::take(&mut self.puc_configs)
+    }
+
     /// Records (runtimes, protos) to write before the sample at hand.
     pub fn take_records(&mut self) -> Vec<Record> {
         std::mem::take(&mut self.records)
@@ -293,15 +355,21 @@ impl LuaJit {
             return None;
         }
         let walk = walk?;
-        let Detection::Ready(layout) = p.detection else {
-            return None;
+        let frames = match p.detection {
+            Detection::Ready(layout) => {
+                let layout = &LAYOUTS[layout];
+                walk.frames
+                    .iter()
+                    .map(|f| self.frame(f, |t, f| t.proto(sample.pid, layout, f)))
+                    .collect()
+            }
+            Detection::Puc(rel) => walk
+                .frames
+                .iter()
+                .map(|f| self.frame(f, |t, f| t.puc_proto(sample.pid, &rel, f)))
+                .collect(),
+            _ => return None,
         };
-        let layout = &LAYOUTS[layout];
-        let frames = walk
-            .frames
-            .iter()
-            .map(|f| self.frame(sample.pid, layout, f))
-            .collect();
         Some(LuaStack {
             pid: sample.pid,
             tid: sample.tid,
@@ -315,9 +383,13 @@ impl LuaJit {
         })
     }
 
-    fn frame(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> LuaFrame {
+    fn frame(
+        &mut self,
+        f: &RawLuaFrame,
+        proto: impl FnOnce(&mut Self, &RawLuaFrame) -> u32,
+    ) -> LuaFrame {
         let (kind, function, address) = match f.ffid {
-            0 => (lua_frame_kind::LUA, self.proto(pid, layout, f), 0),
+            0 => (lua_frame_kind::LUA, proto(self, f), 0),
             1 => (lua_frame_kind::C, u32::MAX, f.ptr),
             _ => (lua_frame_kind::BUILTIN, u32::MAX, f.ptr),
         };
@@ -336,14 +408,7 @@ impl LuaJit {
     /// and replaced at the same address differs in its chunk name, lines or size, and
     /// gets a new id; one that cannot be read gets `u32::MAX`.
     fn proto(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> u32 {
-        let key = ProtoKey {
-            pid,
-            ptr: f.ptr,
-            chunkname: f.chunkname,
-            firstline: f.firstline,
-            numline: f.numline,
-            sizebc: f.sizebc,
-        };
+        let key = ProtoKey::of(pid, f);
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
@@ -359,10 +424,30 @@ impl LuaJit {
             }),
             None => live,
         };
+        self.new_proto(key, read)
+    }
+
+    /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
+    fn puc_proto(&mut self, pid: u32, rel: &puc::Release, f: &RawLuaFrame) -> u32 {
+        let key = ProtoKey::of(pid, f);
+        if let Some(id) = self.protos.get(&key) {
+            return id.unwrap_or(u32::MAX);
+        }
+        let read = self.copied.remove(&key).map(|c| {
+            let mut p = copied_proto(&c);
+            p.lines = puc::lines(&c, &rel.abi);
+            p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
+            p
+        });
+        self.new_proto(key, read)
+    }
+
+    /// Gives a proto read for `key` its id and queues its record.
+    fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
         let id = read.map(|mut proto| {
             let id = self.next_proto;
             self.next_proto += 1;
-            proto.pid = pid;
+            proto.pid = key.pid;
             proto.id = id;
             self.records.push(Record::LuaProto(proto));
             id
@@ -429,6 +514,7 @@ fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
         start: 0,
         end: 0,
         cframe_size: 0,
+        release: None,
     });
     LuaRuntime {
         pid,

@@ -6,6 +6,7 @@ mod luajit;
 mod luajit_builtins;
 mod luajit_bytecode;
 mod procfs;
+mod puc;
 mod raw;
 mod recorder;
 mod sampler;
@@ -68,6 +69,11 @@ pub struct Args {
     /// .debug_* sections total at most 32 MiB.
     #[arg(long, value_enum, default_value_t = DebugMode::Auto)]
     pub debuginfo: DebugMode,
+    /// Where separate debug files are looked up by build-id (DIR/.build-id/xx/rest.debug,
+    /// as Debian's -dbg packages install them): they name a stripped PUC Lua's
+    /// luaV_execute. Without them lrec takes the binary's largest function.
+    #[arg(long, default_value = "/usr/lib/debug", value_name = "DIR")]
+    pub debug_dir: PathBuf,
     /// Ring-buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     pub ring_mib: u32,

@@ -101,6 +101,75 @@ pub struct RawLuaConfig {
 
 pub const LUA_CHUNKNAME: usize = 512;
 pub const LUA_LINEINFO: usize = 4096;
+/// PUC Lua 5.4+: where the absolute lines begin in [`RawLuaProto::lineinfo`].
+pub const PUC_ABS_AT: usize = 3072;
+
+// `lrec_lua_frame.link` bits of PUC Lua frames are the format's.
+const _: () = assert!(lrec_format::puc_link::FRESH == 1);
+const _: () = assert!(lrec_format::puc_link::TAIL == 2);
+
+/// `struct lrec_puc_config`: a PUC Lua layout, written into the `puc_config` map.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawPucConfig {
+    pub version: u32,
+    pub fresh_rule: u32,
+    pub cist_fresh: u32,
+    pub cist_tail: u32,
+    pub callstatus_size: u32,
+    pub l_g: u32,
+    pub l_ci: u32,
+    pub l_status: u32,
+    pub l_base_ci: u32,
+    pub l_savedpc: u32,
+    pub l_errorjmp: u32,
+    pub g_mainthread: u32,
+    pub ci_func: u32,
+    pub ci_previous: u32,
+    pub ci_savedpc: u32,
+    pub ci_callstatus: u32,
+    pub ci_size: u32,
+    pub tag_lcl: u32,
+    pub tag_ccl: u32,
+    pub tag_lcf: u32,
+    pub tag_thread: u32,
+    pub cl_isc: u32,
+    pub cl_p: u32,
+    pub ccl_f: u32,
+    pub ccl_upvalue: u32,
+    pub p_source: u32,
+    pub p_linedefined: u32,
+    pub p_lastlinedefined: u32,
+    pub p_code: u32,
+    pub p_sizecode: u32,
+    pub p_lineinfo: u32,
+    pub p_sizelineinfo: u32,
+    pub p_abslineinfo: u32,
+    pub p_sizeabslineinfo: u32,
+    pub strings: u32,
+    pub str_len: u32,
+    pub str_shrlen: u32,
+    pub str_data: u32,
+    pub op_call: u32,
+    pub op_tailcall: u32,
+    pub l_size: u32,
+    pub p_size: u32,
+}
+
+/// `lrec_puc_config.fresh_rule`.
+pub mod puc_rule {
+    pub const FRESH: u32 = 0;
+    pub const REENTRY: u32 = 1;
+    pub const ALL: u32 = 2;
+    pub const OPCODE: u32 = 3;
+}
+
+/// `lrec_puc_config.strings`.
+pub mod puc_strings {
+    pub const LEN: u32 = 0;
+    pub const SHORT_LONG: u32 = 1;
+    pub const V55: u32 = 2;
+}
 
 /// `struct lrec_lua_proto`: a proto's chunk name and line table, copied by BPF.
 #[repr(C)]
@@ -114,6 +183,9 @@ pub struct RawLuaProto {
     pub numline: u32,
     pub sizebc: u32,
     pub lineinfo_len: u32,
+    /// PUC Lua 5.4+: bytes of `abslineinfo` copied at [`PUC_ABS_AT`] in `lineinfo`.
+    pub abs_len: u32,
+    pub pad: u32,
     pub name: [u8; LUA_CHUNKNAME],
     pub lineinfo: [u8; LUA_LINEINFO],
 }
@@ -126,6 +198,8 @@ impl RawLuaProto {
 
 // SAFETY: plain old data without padding (asserted in the layout test).
 unsafe impl aya::Pod for RawLuaConfig {}
+// SAFETY: as above: u32 fields only.
+unsafe impl aya::Pod for RawPucConfig {}
 
 pub const MAX_LUA_RANGES: usize = 4;
 // The Lua flag bits are the format's too.
@@ -226,7 +300,8 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
         assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4);
-        assert_eq!(size_of::<RawLuaProto>(), 40 + 512 + 4096);
+        assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
+        assert_eq!(size_of::<RawPucConfig>(), 42 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
         assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }

@@ -77,7 +77,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     // on a busy machine: the threads spawned from here on inherit a lower priority. The
     // target was forked before and keeps its own.
     procfs::lower_priority();
-    let mut rec = Recording::new(debug, writer);
+    let mut rec = Recording::new(debug, writer, args.debug_dir.clone());
     for &pid in &pids {
         rec.add_process(pid)?;
     }
@@ -105,6 +105,9 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         rec.write_embedded(false)?;
         for (pid, cfg) in rec.lua.take_configs() {
             sampler.set_lua_config(pid, &cfg)?;
+        }
+        for (pid, cfg) in rec.lua.take_puc_configs() {
+            sampler.set_puc_config(pid, &cfg)?;
         }
         for msg in rec.lua.messages.drain(..) {
             eprintln!("lrec: {msg}");
@@ -232,7 +235,9 @@ struct Recording {
     kernel_addrs: HashSet<u64>,
     /// LuaJIT interpreters found in embedded binaries, by binary key, with the binary's
     /// segments (to place them in each mapping).
-    vms: HashMap<Vec<u8>, (elf::LuaJitVm, Vec<lrec_format::Segment>)>,
+    vms: HashMap<Vec<u8>, (VmCode, Vec<lrec_format::Segment>)>,
+    /// Where separate debug files are (`--debug-dir`).
+    debug_dir: std::path::PathBuf,
     /// Binaries already looked at for an interpreter, by key.
     vm_checked: HashSet<Vec<u8>>,
     lua: LuaJit,
@@ -244,8 +249,13 @@ struct Recording {
 }
 
 impl Recording {
-    fn new(debug: DebugInfo, writer: CaptureWriter<BufWriter<File>>) -> Recording {
+    fn new(
+        debug: DebugInfo,
+        writer: CaptureWriter<BufWriter<File>>,
+        debug_dir: std::path::PathBuf,
+    ) -> Recording {
         Recording {
+            debug_dir,
             debug,
             writer,
             procs: HashMap::new(),
@@ -492,7 +502,7 @@ impl Recording {
                 .build_id
                 .clone()
                 .unwrap_or_else(|| binary.path.as_bytes().to_vec());
-            self.note_vm(&key, &binary);
+            self.note_vm(&key, &binary, None);
             self.writer.push(&Record::Binary(binary))?;
         }
         Ok(())
@@ -514,19 +524,35 @@ impl Recording {
         }
         let mut data = Vec::new();
         if file.read_to_end(&mut data).is_ok() {
-            self.note_vm(
-                key,
-                &elf::binary_record(&entry.path, &data, DebugInfo::None),
-            );
+            let binary = elf::binary_record(&entry.path, &data, DebugInfo::None);
+            self.note_vm(key, &binary, Some(&data));
         }
     }
 
-    /// Looks for an interpreter in a binary, once per binary.
-    fn note_vm(&mut self, key: &[u8], binary: &Binary) {
+    /// Looks for an interpreter in a binary, once per binary: LuaJIT's by its unwind
+    /// info, PUC Lua's by its version string (in the file's bytes, when at hand).
+    fn note_vm(&mut self, key: &[u8], binary: &Binary, data: Option<&[u8]>) {
         if !self.vm_checked.insert(key.to_vec()) {
             return;
         }
-        if let Some(vm) = elf::luajit_vm(binary) {
+        let luajit = elf::luajit_vm(binary).map(|vm| VmCode {
+            start: vm.start,
+            end: vm.end,
+            cframe_size: vm.cframe_size,
+            release: None,
+        });
+        let puc = || {
+            let data = data?;
+            let release = elf::lua_release(data)?;
+            let (start, end, _how) = crate::puc::find_execute(data, binary, &self.debug_dir)?;
+            Some(VmCode {
+                start,
+                end,
+                cframe_size: 0,
+                release: Some(release),
+            })
+        };
+        if let Some(vm) = luajit.or_else(puc) {
             self.vms.insert(key.to_vec(), (vm, binary.segments.clone()));
             self.place_vms();
         }
@@ -555,7 +581,7 @@ impl Recording {
                 let code = VmCode {
                     start,
                     end: last + 1,
-                    cframe_size: vm.cframe_size,
+                    ..*vm
                 };
                 self.lua.add_vm(pid, &entry.path, code);
             }

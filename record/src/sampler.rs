@@ -12,7 +12,7 @@ use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
 use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
 
-use crate::raw::RawLuaConfig;
+use crate::raw::{RawLuaConfig, RawPucConfig};
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
 static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
@@ -75,6 +75,7 @@ pub struct Sampler {
     ring: RingBuf<MapData>,
     lost: PerCpuArray<MapData, u64>,
     lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
+    puc_config: BpfHashMap<MapData, u32, RawPucConfig>,
     lua_protos: RingBuf<MapData>,
     _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
@@ -174,6 +175,7 @@ impl Sampler {
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
         let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
+        let puc_config = take(&mut ebpf, "puc_config", BpfHashMap::try_from)?;
         let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
         // A static program has no loader and nothing to watch.
         let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders, &btf) {
@@ -192,6 +194,7 @@ impl Sampler {
             ring,
             lost,
             lua_config,
+            puc_config,
             lua_protos,
             _targets: targets,
             loader,
@@ -204,6 +207,16 @@ impl Sampler {
             .insert(pid, cfg, 0)
             .map_err(|source| SamplerError::Map {
                 name: "lua_config",
+                source,
+            })
+    }
+
+    /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.
+    pub fn set_puc_config(&mut self, pid: u32, cfg: &RawPucConfig) -> Result<(), SamplerError> {
+        self.puc_config
+            .insert(pid, cfg, 0)
+            .map_err(|source| SamplerError::Map {
+                name: "puc_config",
                 source,
             })
     }

@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use regex::Regex;
 
@@ -306,6 +307,176 @@ pub fn tempfile_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+/// chains.lua's true Lua chains of `hot` (defined at line 12), root first.
+pub fn chains_truth() -> Vec<Vec<u32>> {
+    let mut recursion = vec![0, 39, 37];
+    recursion.extend([33; 151]);
+    recursion.push(12);
+    vec![
+        vec![0, 39, 19, 18, 17, 12],
+        vec![0, 39, 20, 12],
+        vec![0, 39, 22, 24, 12],
+        vec![0, 39, 29, 27, 12],
+        vec![0, 39, 32, 31, 12],
+        recursion,
+    ]
+}
+
+/// A Lua workload of fixtures/workloads/lua.
+pub fn lua_workload(name: &str) -> PathBuf {
+    root().join("fixtures/workloads/lua").join(name)
+}
+
+/// kinds.lua's true Lua chains, one per hot function (the last line of each), root first.
+pub fn kinds_truth() -> Vec<Vec<u32>> {
+    let mut deep = vec![0, 58, 54];
+    deep.extend([50; 251]);
+    deep.push(25);
+    vec![
+        vec![0, 58, 26, 23, 16],
+        vec![0, 58, 30, 28, 17],
+        vec![0, 58, 37, 31, 33, 18],
+        vec![0, 58, 38, 19],
+        vec![0, 58, 40, 20],
+        vec![0, 58, 42, 21],
+        vec![0, 58, 44, 43, 22],
+        vec![0, 58, 46, 47, 24],
+        deep,
+    ]
+}
+
+/// Runs `INTERPRETER FLAGS… WORKLOAD RUN_SECS`, attaches `lrec -p` to it after 1 s for
+/// `rec_secs`, and returns the test's directory and the capture.
+pub fn record_lua(
+    what: &str,
+    interpreter: &Path,
+    flags: &[&str],
+    file: &str,
+    run_secs: u32,
+    rec_secs: u32,
+    lrec_args: &[&str],
+) -> (PathBuf, PathBuf) {
+    let dir = tempfile_dir(&what.replace(' ', "-"));
+    let cap = dir.join("lua.lrec");
+    let mut target = Command::new(interpreter)
+        .args(flags)
+        .arg(lua_workload(file))
+        .arg(run_secs.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, rec_secs, lrec_args);
+    target.kill().unwrap();
+    target.wait().unwrap();
+    (dir, cap)
+}
+
+/// Runs a Lua workload under an interpreter for 10 s, attaches after 1 s for 8 s, and
+/// checks that ≥ 95 % of the samples whose innermost Lua function is a hot one (the last
+/// line of a true chain) show its exact chain, and that every chain is seen.
+pub fn lua_is_exact(
+    what: &str,
+    interpreter: &Path,
+    flags: &[&str],
+    file: &str,
+    truths: &[Vec<u32>],
+    lrec_args: &[&str],
+) {
+    let Some(_guard) = bpf_test(what) else {
+        return;
+    };
+    let (dir, cap) = record_lua(what, interpreter, flags, file, 10, 8, lrec_args);
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let total = score_lua(&stacks, file, truths);
+    eprintln!(
+        "{what}: {}/{} samples in hot functions exact ({:.2} %), per chain {:?}",
+        total.exact,
+        total.judged,
+        100.0 * total.fraction(),
+        total.per_leaf
+    );
+    assert!(
+        total.judged >= 500,
+        "{what}: only {} samples judged",
+        total.judged
+    );
+    assert!(
+        total.fraction() >= 0.95,
+        "{what}: only {:.2} % exact; wrong stacks: {:#?}",
+        100.0 * total.fraction(),
+        total.wrong
+    );
+    // Every chain shows up: a failure of one kind cannot hide in the average.
+    for truth in truths {
+        let seen: u64 = stacks
+            .iter()
+            .filter(|(f, _)| lua_chain(f, file) == *truth)
+            .map(|(_, n)| n)
+            .sum();
+        assert!(seen >= 10, "{what}: chain {truth:?} seen {seen} times");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A stripped host with Lua linked in (fixtures/workloads/lua_host.c), three threads with
+/// a VM each. Thread vm-k runs run (line 10) → work_k (4 + k) → hot_k (1 + k); a thread's
+/// samples must all name its own VM's functions.
+pub fn several_vms_are_told_apart(what: &str, host: PathBuf) {
+    let Some(_guard) = bpf_test(what) else {
+        return;
+    };
+    let dir = tempfile_dir(what);
+    let cap = dir.join("host.lrec");
+    let mut target = Command::new(host)
+        .args(["8", "3"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, 5, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let truths: Vec<Vec<u32>> = (0..3).map(|k| vec![10, 4 + k, 1 + k]).collect();
+    let mut judged = 0;
+    let mut exact = 0;
+    let mut hot_of_thread: std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> =
+        Default::default();
+    for (frames, n) in &stacks {
+        let chain = lua_chain(frames, "host/worker.lua");
+        let Some(&leaf) = chain.last().filter(|&&l| (1..=3).contains(&l)) else {
+            continue;
+        };
+        judged += n;
+        if truths.contains(&chain) {
+            exact += n;
+        }
+        hot_of_thread
+            .entry(frames[0].clone())
+            .or_default()
+            .insert(leaf);
+    }
+    eprintln!("{what}: {exact}/{judged} exact; hot functions per thread {hot_of_thread:?}");
+    assert!(judged >= 300, "only {judged} samples in the hot functions");
+    assert!(
+        exact as f64 >= 0.95 * judged as f64,
+        "{exact}/{judged} exact"
+    );
+    // Thread vm-k runs VM k: its samples name hot_k only.
+    for k in 0..3u32 {
+        let want = std::collections::BTreeSet::from([1 + k]);
+        assert_eq!(
+            hot_of_thread.get(&format!("vm-{k}")),
+            Some(&want),
+            "VMs mixed up or missing: {hot_of_thread:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[cfg(test)]

@@ -5,13 +5,15 @@
 //! records, with every Lua frame, the stack address of the native VM frame that runs it.
 //! Native unwinding yields each frame's stack pointer, so each Lua frame goes exactly in
 //! place of its VM frame: nginx → ngx_http_lua_* → lua_resume → handler → callee →
-//! string.gsub → (C) → callback. VM-specific labels live in [`luajit`].
+//! string.gsub → (C) → callback. VM-specific labels live in [`luajit`]; PUC Lua, whose
+//! VM frames are told apart otherwise, is merged by [`puc`].
 
 pub mod luajit;
+pub mod puc;
 
 use std::ops::Range;
 
-use lrec_format::{lua_frame_kind, LuaStack};
+use lrec_format::{lua_frame_kind, LuaRuntime, LuaStack};
 
 use crate::unwind::{CodeAddress, VmHint};
 
@@ -24,6 +26,11 @@ pub enum Merged {
     Lua(usize),
     /// The VM's state when it is not running Lua code (garbage collector, JIT compiler).
     State(&'static str),
+}
+
+/// Whether a runtime is PUC Lua's (whose frames [`puc::merge`] places), not LuaJIT's.
+pub fn is_puc(rt: &LuaRuntime) -> bool {
+    rt.vm.starts_with("Lua 5.")
 }
 
 /// The C frames of a Lua stack, ascending, for [`VmHint::cframes`].

@@ -1,0 +1,605 @@
+/* PUC Lua 5.1–5.5: finds the sampled thread's running lua_State and walks its CallInfos,
+ * across the coroutines that resumed one another, into struct lrec_lua_frame records.
+ * Included by sample.bpf.c after luajit.h (whose helpers, proto ring and work buffers it
+ * shares). The layout comes from lrec (puc_config map), chosen by the version string of
+ * the binary; nothing here assumes one.
+ *
+ * PUC Lua has no "current state" pointer. The running state is found from the VM this
+ * thread ran last (cached, revalidated every time) or from a register or stack slot that
+ * holds a lua_State (luaV_execute keeps L in a register), then descended into the
+ * coroutine it resumes: a thread whose innermost CallInfo is a C function with a running
+ * coroutine as its first argument (coroutine.resume) or first upvalue (coroutine.wrap).
+ * The state found must run on this thread: its innermost lua_longjmp (set by lua_pcall or
+ * lua_resume on the native stack of the thread running it) lies on the sampled stack. */
+#ifndef LREC_PUC_H
+#define LREC_PUC_H
+
+#include "sample.h"
+
+/* Most coroutines descended into (resumers and the running one). */
+#define LREC_PUC_MAX_THREADS 8
+/* Stack words scanned for a lua_State when no register holds one. */
+#define LREC_PUC_SCAN_WORDS 64
+/* lua_longjmp links followed to a coroutine's outermost one. */
+#define LREC_PUC_MAX_JMPS 16
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct lrec_puc_config);
+} puc_config SEC(".maps");
+
+/* The global_State each thread ran at its last sample: a candidate, revalidated. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u64);
+} puc_thread_vm SEC(".maps");
+
+#define PUC_LS 256 /* bytes of lua_State read: every field used lies below */
+#define PUC_CI 128 /* (powers of two above sizeof: offsets are masked) */
+#define PUC_PT 256
+
+struct puc_work {
+	struct lrec_puc_config cfg;
+	__u64 sp, stack_top; /* this thread's stack: a running state's longjmp lies here */
+	__u64 g;
+	__u64 threads[LREC_PUC_MAX_THREADS]; /* root first */
+	__u64 bottoms[LREC_PUC_MAX_THREADS];
+	__u32 nthreads;
+	__u32 cpu;
+	__u32 out;       /* byte offset of the next frame in the sample's data */
+	__u32 n;
+	__u32 flags;
+	__u32 tgid;
+	__u32 t;         /* thread being walked, counting down from the innermost */
+	__u32 scanned;
+	__u64 ci, base_ci, l_savedpc, bottom;
+	__u64 last_func, last_pt, last_code, last_call, last_op;
+	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
+	__u32 pad;
+	__u8 ls[PUC_LS + 8];
+	__u8 cib[PUC_CI + 8];
+	__u8 tv[24];
+	__u8 pt[PUC_PT + 8];
+	__u8 str[40];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct puc_work);
+} puc_work_map SEC(".maps");
+
+static __always_inline struct puc_work *puc_work(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&puc_work_map, &zero);
+}
+
+#define PUC_U64(buf, size, off) (*(__u64 *)&(buf)[(off) & ((size) - 1)])
+#define PUC_U32(buf, size, off) (*(__u32 *)&(buf)[(off) & ((size) - 1)])
+#define PUC_U8(buf, size, off) ((buf)[(off) & ((size) - 1)])
+
+static __always_inline int puc_user_ptr(__u64 p)
+{
+	return p > 4096 && p < (1ULL << 47) && !(p & 7);
+}
+
+/* The main thread of global_State g (5.5 holds it inside g). */
+static __always_inline __u64 puc_mainthread(struct puc_work *w, __u64 g)
+{
+	if (w->cfg.version == 505)
+		return g + w->cfg.g_mainthread;
+	return rd64(g + w->cfg.g_mainthread);
+}
+
+/* Reads a lua_State's header into w->ls; 0 when it is unreadable. */
+static __always_inline int puc_read_state(struct puc_work *w, __u64 l)
+{
+	__u32 n = w->cfg.l_size & (PUC_LS - 1);
+	return puc_user_ptr(l) && n && !bpf_probe_read_user(w->ls, n, (void *)l);
+}
+
+/* Whether the state read into w->ls runs Lua code (a coroutine running or resuming
+ * another, or the main thread inside a call): status LUA_OK and a CallInfo above the
+ * base one. */
+static __always_inline int puc_active(struct puc_work *w, __u64 l)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	if (PUC_U8(w->ls, PUC_LS, c->l_status) != 0)
+		return 0;
+	__u64 ci = PUC_U64(w->ls, PUC_LS, c->l_ci);
+	__u64 base = c->version == 501 ? PUC_U64(w->ls, PUC_LS, c->l_base_ci) : l + c->l_base_ci;
+	return puc_user_ptr(ci) && ci != base;
+}
+
+/* Whether p is a lua_State of a VM: its global_State's main thread belongs to that VM
+ * (g: the VM this thread ran last, checked first). Leaves its header in w->ls. */
+static __always_inline int puc_is_state(struct puc_work *w, __u64 p, __u64 *g)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	if (!puc_read_state(w, p))
+		return 0;
+	__u64 pg = PUC_U64(w->ls, PUC_LS, c->l_g);
+	if (!puc_user_ptr(pg))
+		return 0;
+	if (pg != *g) {
+		__u64 m = puc_mainthread(w, pg);
+		if (!puc_user_ptr(m) || rd64(m + c->l_g) != pg)
+			return 0;
+	}
+	*g = pg;
+	return 1;
+}
+
+/* One stack word of the scan for a running lua_State. */
+static long puc_scan_word(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w)
+		return 1;
+	__u32 off = w->scanned * 8;
+	w->scanned++;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b || off + 8 > b->s.stack_len)
+		return 1;
+	__u64 v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
+	/* Stack addresses and small numbers are no states. */
+	if (!puc_user_ptr(v) || (v >= w->sp && v < w->stack_top))
+		return 0;
+	__u64 g = w->g;
+	if (puc_is_state(w, v, &g) && puc_active(w, v)) {
+		w->g = g;
+		w->threads[0] = v;
+		return 1;
+	}
+	return 0;
+}
+
+/* The main thread of the VM this thread ran last, when it is inside a call. */
+static __always_inline int puc_cached_root(struct puc_work *w, __u32 tid)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	__u64 *last = bpf_map_lookup_elem(&puc_thread_vm, &tid);
+	w->g = last ? *last : 0;
+	if (!w->g)
+		return 0;
+	__u64 m = puc_mainthread(w, w->g);
+	if (!puc_read_state(w, m) || PUC_U64(w->ls, PUC_LS, c->l_g) != w->g || !puc_active(w, m))
+		return 0;
+	w->threads[0] = m;
+	return 1;
+}
+
+/* A running state named by a register (luaV_execute keeps L in one) or a stack slot. */
+static __always_inline int puc_found_root(struct puc_work *w, struct lrec_regs *r)
+{
+	__u64 regs[14] = { r->bx, r->bp, r->r12, r->r13, r->r14, r->r15, r->di,
+			   r->si, r->dx, r->cx, r->ax, r->r8, r->r9, r->r10 };
+	for (int i = 0; i < 14; i++) {
+		__u64 g = w->g;
+		if (puc_is_state(w, regs[i], &g) && puc_active(w, regs[i])) {
+			w->g = g;
+			w->threads[0] = regs[i];
+			return 1;
+		}
+	}
+	w->threads[0] = 0;
+	w->scanned = 0;
+	bpf_loop(LREC_PUC_SCAN_WORDS, puc_scan_word, NULL, 0);
+	return w->threads[0] != 0;
+}
+
+/* The coroutine that the state in w->ls (l) resumes, or 0: its innermost CallInfo runs a
+ * C function (coroutine.resume, coroutine.wrap's function) whose first argument or first
+ * upvalue is a running coroutine of the same VM. Leaves that coroutine in w->ls. */
+static __always_inline __u64 puc_resumed(struct puc_work *w, __u64 l)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	__u64 ci = PUC_U64(w->ls, PUC_LS, c->l_ci);
+	__u64 func = rd64(ci + c->ci_func);
+	if (!puc_user_ptr(func) || bpf_probe_read_user(w->tv, 32, (void *)func))
+		return 0;
+	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
+	if (c->version == 501) {
+		/* One function tag: Closure.isC tells. */
+		if (tt != c->tag_lcl || !(rd32(*(__u64 *)&w->tv[0] + c->cl_isc) & 0xff))
+			return 0;
+	} else if (tt != c->tag_ccl && tt != c->tag_lcf) {
+		return 0;
+	}
+	__u64 co = 0;
+	if ((*(__u32 *)&w->tv[24] & 0xff) == c->tag_thread)
+		co = *(__u64 *)&w->tv[16];
+	else if (tt == c->tag_ccl || c->version == 501) {
+		__u64 cl = *(__u64 *)&w->tv[0];
+		if (!bpf_probe_read_user(w->tv, 16, (void *)(cl + c->ccl_upvalue)) &&
+		    (*(__u32 *)&w->tv[8] & 0xff) == c->tag_thread)
+			co = *(__u64 *)&w->tv[0];
+	}
+	if (!co || co == l || !puc_read_state(w, co))
+		return 0;
+	if (PUC_U64(w->ls, PUC_LS, c->l_g) != w->g || !puc_active(w, co))
+		return 0;
+	return co;
+}
+
+/* Where a coroutine began on the native stack: its outermost lua_longjmp (lua_resume's
+ * luaD_rawrunprotected). jmp is its innermost one. */
+static __always_inline __u64 puc_bottom(__u64 jmp)
+{
+	__u64 bottom = jmp;
+	for (int i = 0; i < LREC_PUC_MAX_JMPS && jmp; i++) {
+		bottom = jmp;
+		jmp = rd64(jmp); /* lua_longjmp.previous */
+	}
+	return bottom;
+}
+
+/* From the root state (w->threads[0], read into w->ls), down the coroutines it
+ * resumes; the innermost must run on this thread: its innermost lua_longjmp lies on this
+ * stack. Returns the number of states, 0 when the chain does not run here. */
+static __always_inline __u32 puc_chain(struct puc_work *w)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	__u32 n = 1;
+	for (int i = 1; i < LREC_PUC_MAX_THREADS; i++) {
+		__u64 co = puc_resumed(w, w->threads[(i - 1) & (LREC_PUC_MAX_THREADS - 1)]);
+		if (!co)
+			break;
+		w->threads[i & (LREC_PUC_MAX_THREADS - 1)] = co;
+		n++;
+	}
+	__u64 running = w->threads[(n - 1) & (LREC_PUC_MAX_THREADS - 1)];
+	if (!puc_read_state(w, running))
+		return 0;
+	__u64 jmp = PUC_U64(w->ls, PUC_LS, c->l_errorjmp);
+	if (jmp < w->sp || jmp >= w->stack_top)
+		return 0;
+	return n;
+}
+
+/* Moves the walk to thread w->t (counting down), whose header is read here. */
+static __always_inline int puc_enter(struct puc_work *w)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	__u32 t = w->t & (LREC_PUC_MAX_THREADS - 1);
+	__u64 l = w->threads[t];
+	if (!puc_read_state(w, l))
+		return 0;
+	w->ci = PUC_U64(w->ls, PUC_LS, c->l_ci);
+	w->base_ci = c->version == 501 ? PUC_U64(w->ls, PUC_LS, c->l_base_ci) : l + c->l_base_ci;
+	w->l_savedpc = c->version == 501 ? PUC_U64(w->ls, PUC_LS, c->l_savedpc) : 0;
+	w->bottom = w->bottoms[t];
+	w->prev_lua = 0;
+	return 1;
+}
+
+/* The length and text address of a TString. */
+static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, __u64 *text)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	/* The header only: a short string may end right after it. */
+	if (!puc_user_ptr(s) || bpf_probe_read_user(w->str, 24, (void *)s))
+		return 0;
+	__u8 tt = w->str[8];
+	__u8 shr = w->str[c->str_shrlen & 31];
+	__u64 lng = *(__u64 *)&w->str[c->str_len & 31];
+	*text = s + c->str_data;
+	switch (c->strings) {
+	case LREC_PUC_STR_LEN:
+		*len = lng;
+		break;
+	case LREC_PUC_STR_SHORTLONG:
+		*len = (tt & 0x30) ? lng : shr;
+		break;
+	default:
+		if ((__s8)shr >= 0) {
+			*len = shr;
+		} else {
+			*len = lng;
+			*text = rd64(s + c->str_data);
+		}
+	}
+	return 1;
+}
+
+/* Copies a proto's source name and line table out the first time a sample runs it
+ * (w->pt holds the proto's fields). */
+static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_frame *f)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	struct lua_proto_key k = {
+		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+	};
+	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
+		return;
+	__u32 zero = 0;
+	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
+	if (!p)
+		return;
+	p->tgid = w->tgid;
+	p->ptr = f->ptr;
+	p->chunkname = f->chunkname;
+	p->firstline = f->firstline;
+	p->numline = f->numline;
+	p->sizebc = f->sizebc;
+	p->chunkname_len = 0;
+	p->lineinfo_len = 0;
+	p->abs_len = 0;
+	__u32 len = 0;
+	__u64 text = 0;
+	if (puc_string(w, f->chunkname, &len, &text)) {
+		p->chunkname_len = len;
+		__u32 n = len > LREC_LUA_CHUNKNAME ? LREC_LUA_CHUNKNAME : len;
+		/* Keeps the mask below for the verifier. */
+		asm volatile("" : "+r"(n));
+		n &= 2 * LREC_LUA_CHUNKNAME - 1;
+		if (n && bpf_probe_read_user(p->name, n, (void *)text))
+			p->chunkname_len = 0;
+	}
+	__u64 li = PUC_U64(w->pt, PUC_PT, c->p_lineinfo);
+	__u32 nli = PUC_U32(w->pt, PUC_PT, c->p_sizelineinfo);
+	if (c->p_abslineinfo) {
+		/* 5.4+: a signed byte per instruction, and absolute lines now and then. */
+		__u32 n = nli > LREC_PUC_ABS_AT ? LREC_PUC_ABS_AT : nli;
+		if (n && li && !bpf_probe_read_user(p->lineinfo, n & 4095, (void *)li))
+			p->lineinfo_len = n;
+		__u64 abs = PUC_U64(w->pt, PUC_PT, c->p_abslineinfo);
+		__u32 na = PUC_U32(w->pt, PUC_PT, c->p_sizeabslineinfo) * 8;
+		if (na > LREC_LUA_LINEINFO - LREC_PUC_ABS_AT)
+			na = LREC_LUA_LINEINFO - LREC_PUC_ABS_AT;
+		if (na && abs &&
+		    !bpf_probe_read_user(&p->lineinfo[LREC_PUC_ABS_AT], na & 1023, (void *)abs))
+			p->abs_len = na;
+	} else {
+		/* 5.1–5.3: an int line per instruction. */
+		__u32 n = nli * 4;
+		if (n > LREC_LUA_LINEINFO)
+			n = LREC_LUA_LINEINFO;
+		if (n && li && !bpf_probe_read_user(p->lineinfo, n & (2 * LREC_LUA_LINEINFO - 1),
+						    (void *)li))
+			p->lineinfo_len = n;
+	}
+	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
+		return;
+	__u32 one = 1;
+	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+}
+
+/* Whether 5.1's luaV_execute began at the Lua frame emitted last, now that its caller
+ * (the CallInfo below, read into w->cib) is known: it did unless the caller is a Lua
+ * function whose current instruction is a call (OP_CALL/OP_TAILCALL re-enter the loop). */
+static __always_inline void puc51_link(struct puc_work *w, struct sample_buf *b, int caller_lua,
+				       __u64 caller_pc)
+{
+	if (!w->prev_lua)
+		return;
+	struct lrec_lua_frame *prev =
+		(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
+	int fresh = 1;
+	if (caller_lua && caller_pc) {
+		if (caller_pc != w->last_call) {
+			w->last_call = caller_pc;
+			w->last_op = rd32(caller_pc - 4) & 0x3f;
+		}
+		fresh = w->last_op != w->cfg.op_call && w->last_op != w->cfg.op_tailcall;
+	}
+	if (fresh)
+		prev->link |= LREC_PUC_FRESH;
+}
+
+/* One step of the walk: emits the CallInfo w->ci and moves to the one below it, or to the
+ * next thread out. */
+static long puc_step(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w)
+		return 1;
+	struct lrec_puc_config *c = &w->cfg;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b)
+		return 1;
+	if (w->ci == w->base_ci || !w->ci) {
+		/* The bottom of this thread: on to its resumer. */
+		if (c->version == 501)
+			puc51_link(w, b, 0, 0);
+		if (w->t == 0)
+			return 1;
+		w->t--;
+		return puc_enter(w) ? 0 : 1;
+	}
+	if (w->n >= LREC_LUA_MAX_FRAMES) {
+		w->flags |= LREC_LUA_TRUNCATED;
+		return 1;
+	}
+	if (bpf_probe_read_user(w->cib, c->ci_size & (PUC_CI - 1), (void *)w->ci)) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
+	__u64 func = PUC_U64(w->cib, PUC_CI, c->ci_func);
+	__u64 savedpc = PUC_U64(w->cib, PUC_CI, c->ci_savedpc);
+	__u32 status = PUC_U32(w->cib, PUC_CI, c->ci_callstatus);
+	if (c->callstatus_size == 1)
+		status &= 0xff;
+	else if (c->callstatus_size == 2)
+		status &= 0xffff;
+	if (!puc_user_ptr(func) || bpf_probe_read_user(w->tv, 16, (void *)func)) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
+	__u64 v = *(__u64 *)&w->tv[0];
+	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
+	int lua;
+	if (c->version == 501)
+		lua = tt == c->tag_lcl && !(rd32(v + c->cl_isc) & 0xff);
+	else
+		lua = tt == c->tag_lcl;
+	if (c->version == 501) {
+		/* The frame above learns from this one whether it began a luaV_execute. */
+		puc51_link(w, b, lua, savedpc);
+		if (lua && w->ci == PUC_U64(w->ls, PUC_LS, c->l_ci))
+			savedpc = w->l_savedpc; /* the innermost Lua function keeps pc in L */
+	}
+	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
+	f->func = v;
+	f->cframe = w->bottom;
+	f->link = 0;
+	f->pos = ~0U;
+	if (!lua) {
+		f->ffid = 1;
+		f->ptr = v;
+		f->chunkname = 0;
+		f->firstline = 0;
+		f->numline = 0;
+		f->sizebc = 0;
+		if (tt == c->tag_ccl || (c->version == 501 && tt == c->tag_lcl))
+			f->ptr = rd64(v + c->ccl_f);
+		else if (tt != c->tag_lcf)
+			f->ptr = 0;
+		w->prev_lua = 0;
+		goto emitted;
+	}
+	f->ffid = 0;
+	if (v != w->last_func) {
+		__u64 pt = rd64(v + c->cl_p);
+		if (pt != w->last_pt) {
+			if (!puc_user_ptr(pt) ||
+			    bpf_probe_read_user(w->pt, c->p_size & (PUC_PT - 1), (void *)pt)) {
+				w->flags |= LREC_LUA_BROKEN;
+				return 1;
+			}
+			w->last_pt = pt;
+			w->last_code = PUC_U64(w->pt, PUC_PT, c->p_code);
+			f->ptr = pt;
+			f->chunkname = PUC_U64(w->pt, PUC_PT, c->p_source);
+			f->firstline = PUC_U32(w->pt, PUC_PT, c->p_linedefined);
+			f->numline = PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined);
+			f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
+			puc_note_proto(w, f);
+		} else {
+			/* The proto of the frame above again (recursion): copy its fields. */
+			struct lrec_lua_frame *prev =
+				(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
+			f->ptr = prev->ptr;
+			f->chunkname = prev->chunkname;
+			f->firstline = prev->firstline;
+			f->numline = prev->numline;
+			f->sizebc = prev->sizebc;
+		}
+		w->last_func = v;
+	} else {
+		struct lrec_lua_frame *prev =
+			(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
+		f->ptr = prev->ptr;
+		f->chunkname = prev->chunkname;
+		f->firstline = prev->firstline;
+		f->numline = prev->numline;
+		f->sizebc = prev->sizebc;
+	}
+	if (savedpc > w->last_code && savedpc - w->last_code < (1ULL << 28))
+		f->pos = (__u32)((savedpc - w->last_code) / 4) - 1;
+	switch (c->fresh_rule) {
+	case LREC_PUC_RULE_FRESH:
+		if (status & c->cist_fresh)
+			f->link |= LREC_PUC_FRESH;
+		break;
+	case LREC_PUC_RULE_REENTRY:
+		if (!(status & c->cist_fresh))
+			f->link |= LREC_PUC_FRESH;
+		break;
+	case LREC_PUC_RULE_ALL:
+		f->link |= LREC_PUC_FRESH;
+		break;
+	}
+	if (c->cist_tail && (status & c->cist_tail))
+		f->link |= LREC_PUC_TAIL;
+	w->prev_lua = 1;
+emitted:
+	w->out += sizeof(struct lrec_lua_frame);
+	w->n++;
+	if (c->version == 501)
+		w->ci -= c->ci_size;
+	else
+		w->ci = PUC_U64(w->cib, PUC_CI, c->ci_previous);
+	return 0;
+}
+
+/* The native stack's end above sp (as copy_limit bounds it, without the size cap). */
+static __always_inline __u64 puc_stack_top(__u64 sp)
+{
+	struct task_struct___lrec *task = (void *)bpf_get_current_task();
+	__u64 bounds[2] = {
+		BPF_CORE_READ(task, mm, start_stack) + LREC_BOUND_SLACK,
+		BPF_CORE_READ(task, thread.fsbase),
+	};
+	__u64 top = sp + (8 << 20);
+	for (int i = 0; i < 2; i++)
+		if (bounds[i] > sp && bounds[i] < top)
+			top = bounds[i];
+	return top;
+}
+
+/* Appends the sample's Lua stack after its stack bytes, when the thread runs a PUC Lua VM
+ * of a known layout. Returns the bytes written. */
+static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r, __u32 tgid,
+				       __u32 tid, __u32 cpu, __u32 offset)
+{
+	struct lrec_puc_config *cfg = bpf_map_lookup_elem(&puc_config, &tgid);
+	if (!cfg || !r->sp)
+		return 0;
+	struct puc_work *w = puc_work();
+	if (!w)
+		return 0;
+	__builtin_memcpy(&w->cfg, cfg, sizeof(*cfg));
+	struct lrec_puc_config *c = &w->cfg;
+	w->sp = r->sp;
+	w->stack_top = puc_stack_top(r->sp);
+	w->cpu = cpu;
+	w->tgid = tgid;
+	w->n = 0;
+	w->flags = 0;
+	w->last_func = 0;
+	w->last_pt = 0;
+	w->last_code = 0;
+	w->last_call = 0;
+	__u32 n = puc_cached_root(w, tid) ? puc_chain(w) : 0;
+	if (!n && puc_found_root(w, r))
+		n = puc_chain(w);
+	if (!n)
+		return 0;
+	w->bottoms[0] = 0;
+	for (__u32 i = 1; i < LREC_PUC_MAX_THREADS; i++) {
+		if (i >= n)
+			break;
+		__u64 l = w->threads[i & (LREC_PUC_MAX_THREADS - 1)];
+		w->bottoms[i & (LREC_PUC_MAX_THREADS - 1)] =
+			puc_bottom(rd64(l + c->l_errorjmp));
+	}
+	bpf_map_update_elem(&puc_thread_vm, &tid, &w->g, BPF_ANY);
+
+	w->nthreads = n;
+	w->t = n - 1;
+	if (!puc_enter(w))
+		return 0;
+	w->out = offset + sizeof(struct lrec_lua_stack);
+	bpf_loop(LREC_LUA_MAX_STEPS, puc_step, NULL, 0);
+	if (w->n >= LREC_LUA_MAX_FRAMES && (w->ci != w->base_ci || w->t > 0))
+		w->flags |= LREC_LUA_TRUNCATED;
+
+	struct lrec_lua_stack *h = (void *)&b->data[offset & (LREC_DATA_SIZE - 1)];
+	h->g = w->g;
+	h->l = w->threads[(n - 1) & (LREC_PUC_MAX_THREADS - 1)];
+	h->cframe = 0;
+	h->vmstate = -1; /* as LuaJIT's LJ_VMST_INTERP: interpreted */
+	h->nframes = w->n;
+	h->flags = w->flags;
+	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+}
+
+#endif

@@ -1,0 +1,353 @@
+//! PUC Lua 5.1–5.5 in the target: tells the release from the version string its library
+//! carries, finds its `luaV_execute` (whose native frames the Lua frames replace), and
+//! holds the layout of each release for the BPF walker (ebpf/puc.h). Line tables come
+//! from BPF's copy of each proto.
+//!
+//! Layouts are those of x86_64 builds with the default luaconf.h, measured by compiling
+//! each release's headers (offsetof). A build with another luaconf (LUA_32BITS) or
+//! patched structures (skynet's strings) is not among them.
+
+use std::path::{Path, PathBuf};
+
+use lrec_format::elf;
+
+use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
+
+/// One PUC Lua release's layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Release {
+    pub minor: u32,
+    /// Patch releases this layout covers, inclusive.
+    pub patches: (u32, u32),
+    pub abi: RawPucConfig,
+}
+
+impl Release {
+    pub fn name(&self) -> String {
+        match self.patches {
+            (a, b) if a == b => format!("lua-5.{}.{a}", self.minor),
+            (a, b) => format!("lua-5.{}.{a}-{b}", self.minor),
+        }
+    }
+}
+
+/// The walker's configuration of a 5.2–5.5 release: what they share, and each one's
+/// offsets (see ebpf/sample.h for the fields). Tags as a TValue holds them (variant bits,
+/// and bit 6 on collectable values): Lua closure 0x46, C closure 0x66, light C function
+/// 0x16, thread 0x48.
+struct Offsets {
+    version: u32,
+    rule: u32,
+    /// CIST_FRESH (or CIST_REENTRY), CIST_TAIL, and the size of ci->callstatus.
+    cist: (u32, u32, u32),
+    /// lua_State: status, base_ci, errorJmp; global_State: mainthread.
+    state: (u32, u32, u32, u32),
+    /// CallInfo: u.l.savedpc, callstatus.
+    ci: (u32, u32),
+    /// sizeof lua_State, CallInfo, Proto.
+    sizes: (u32, u32, u32),
+    /// Proto: source, linedefined, lastlinedefined, code, sizecode, lineinfo,
+    /// sizelineinfo, abslineinfo, sizeabslineinfo.
+    proto: [u32; 9],
+    strings: u32,
+}
+
+const fn config(o: Offsets) -> RawPucConfig {
+    RawPucConfig {
+        version: o.version,
+        fresh_rule: o.rule,
+        cist_fresh: o.cist.0,
+        cist_tail: o.cist.1,
+        callstatus_size: o.cist.2,
+        l_g: 24,
+        l_ci: 32,
+        l_status: o.state.0,
+        l_base_ci: o.state.1,
+        l_savedpc: 0,
+        l_errorjmp: o.state.2,
+        g_mainthread: o.state.3,
+        ci_func: 0,
+        ci_previous: 16,
+        ci_savedpc: o.ci.0,
+        ci_callstatus: o.ci.1,
+        ci_size: o.sizes.1,
+        tag_lcl: 0x46,
+        tag_ccl: 0x66,
+        tag_lcf: 0x16,
+        tag_thread: 0x48,
+        cl_isc: 0,
+        cl_p: 24,
+        ccl_f: 24,
+        ccl_upvalue: 32,
+        p_source: o.proto[0],
+        p_linedefined: o.proto[1],
+        p_lastlinedefined: o.proto[2],
+        p_code: o.proto[3],
+        p_sizecode: o.proto[4],
+        p_lineinfo: o.proto[5],
+        p_sizelineinfo: o.proto[6],
+        p_abslineinfo: o.proto[7],
+        p_sizeabslineinfo: o.proto[8],
+        strings: o.strings,
+        str_len: 16,
+        str_shrlen: 11,
+        str_data: 24,
+        op_call: 0,
+        op_tailcall: 0,
+        l_size: o.sizes.0,
+        p_size: o.sizes.2,
+    }
+}
+
+/// Lua 5.1.5: CallInfos are an array, without flags (luaV_execute goes on in the same
+/// native frame for OP_CALL and OP_TAILCALL of a Lua function only); every function is a
+/// closure (Closure.isC tells C from Lua); the running function's pc is in L->savedpc.
+const V51: RawPucConfig = RawPucConfig {
+    version: 501,
+    fresh_rule: puc_rule::OPCODE,
+    cist_fresh: 0,
+    cist_tail: 0,
+    callstatus_size: 1,
+    l_g: 32,
+    l_ci: 40,
+    l_status: 10,
+    l_base_ci: 80,
+    l_savedpc: 48,
+    l_errorjmp: 168,
+    g_mainthread: 176,
+    ci_func: 8,
+    ci_previous: 0,
+    ci_savedpc: 24,
+    ci_callstatus: 0,
+    ci_size: 40,
+    tag_lcl: 6,
+    tag_ccl: 6,
+    tag_lcf: 0xff,
+    tag_thread: 8,
+    cl_isc: 10,
+    cl_p: 32,
+    ccl_f: 32,
+    ccl_upvalue: 40,
+    p_source: 64,
+    p_linedefined: 96,
+    p_lastlinedefined: 100,
+    p_code: 24,
+    p_sizecode: 80,
+    p_lineinfo: 40,
+    p_sizelineinfo: 84,
+    p_abslineinfo: 0,
+    p_sizeabslineinfo: 0,
+    strings: puc_strings::LEN,
+    str_len: 16,
+    str_shrlen: 0,
+    str_data: 24,
+    op_call: 28,
+    op_tailcall: 29,
+    l_size: 184,
+    p_size: 120,
+};
+
+/// 5.4 and 5.5 Protos.
+const PROTO_54: [u32; 9] = [112, 44, 48, 64, 24, 88, 28, 96, 40];
+
+/// The layouts known, by release (measured on each release's sources; Debian's builds
+/// checked against their debug info).
+pub const RELEASES: &[Release] = &[
+    Release {
+        minor: 1,
+        patches: (5, 5),
+        abi: V51,
+    },
+    Release {
+        minor: 2,
+        patches: (4, 4),
+        abi: config(Offsets {
+            version: 502,
+            rule: puc_rule::REENTRY,
+            cist: (4, 64, 1),
+            state: (10, 128, 112, 264),
+            ci: (56, 34),
+            sizes: (208, 80, 128),
+            proto: [72, 104, 108, 24, 88, 40, 92, 0, 0],
+            strings: puc_strings::LEN,
+        }),
+    },
+    Release {
+        minor: 3,
+        patches: (6, 6),
+        abi: config(Offsets {
+            version: 503,
+            rule: puc_rule::FRESH,
+            cist: (8, 32, 2),
+            state: (12, 96, 88, 200),
+            ci: (40, 66),
+            sizes: (208, 72, 120),
+            proto: [104, 40, 44, 56, 24, 72, 28, 0, 0],
+            strings: puc_strings::SHORT_LONG,
+        }),
+    },
+    // 5.4.0 and 5.4.1 recurse into luaV_execute for every Lua call.
+    Release {
+        minor: 4,
+        patches: (0, 0),
+        abi: config(Offsets {
+            version: 504,
+            rule: puc_rule::ALL,
+            cist: (0, 16, 2),
+            state: (10, 96, 88, 256),
+            ci: (32, 62),
+            sizes: (200, 64, 128),
+            proto: PROTO_54,
+            strings: puc_strings::SHORT_LONG,
+        }),
+    },
+    Release {
+        minor: 4,
+        patches: (1, 1),
+        abi: config(Offsets {
+            version: 504,
+            rule: puc_rule::ALL,
+            cist: (0, 16, 2),
+            state: (10, 88, 80, 264),
+            ci: (32, 62),
+            sizes: (192, 64, 128),
+            proto: PROTO_54,
+            strings: puc_strings::SHORT_LONG,
+        }),
+    },
+    Release {
+        minor: 4,
+        patches: (2, 2),
+        abi: config(Offsets {
+            version: 504,
+            rule: puc_rule::FRESH,
+            cist: (4, 32, 2),
+            state: (10, 88, 80, 264),
+            ci: (32, 62),
+            sizes: (192, 64, 128),
+            proto: PROTO_54,
+            strings: puc_strings::SHORT_LONG,
+        }),
+    },
+    Release {
+        minor: 4,
+        patches: (3, 9),
+        abi: config(Offsets {
+            version: 504,
+            rule: puc_rule::FRESH,
+            cist: (4, 32, 2),
+            state: (10, 96, 88, 264),
+            ci: (32, 62),
+            sizes: (200, 64, 128),
+            proto: PROTO_54,
+            strings: puc_strings::SHORT_LONG,
+        }),
+    },
+    // 5.5: the main thread is inside global_State (g_mainthread is its offset).
+    Release {
+        minor: 5,
+        patches: (0, 1),
+        abi: config(Offsets {
+            version: 505,
+            rule: puc_rule::FRESH,
+            cist: (1 << 16, 1 << 22, 4),
+            state: (11, 96, 88, 1416),
+            ci: (32, 60),
+            sizes: (208, 64, 128),
+            proto: PROTO_54,
+            strings: puc_strings::V55,
+        }),
+    },
+];
+
+/// The layout of release 5.`minor`.`patch`, if known.
+pub fn release(minor: u32, patch: u32) -> Option<Release> {
+    RELEASES
+        .iter()
+        .find(|r| r.minor == minor && (r.patches.0..=r.patches.1).contains(&patch))
+        .copied()
+}
+
+/// Where a binary's `luaV_execute` lies (SVMA), and how it was found: its own symbols,
+/// those of its separate debug file (Debian's `-dbg` packages, by build-id), or, in a
+/// stripped binary, the largest function (the interpreter's loop is).
+pub fn find_execute(
+    data: &[u8],
+    binary: &lrec_format::Binary,
+    debug_dir: &Path,
+) -> Option<(u64, u64, &'static str)> {
+    if let Some((s, e)) = elf::function_symbol(data, "luaV_execute") {
+        return Some((s, e, "symbol"));
+    }
+    if let Some(debug) = binary
+        .build_id
+        .as_deref()
+        .and_then(|id| debug_file(debug_dir, id))
+    {
+        if let Some((s, e)) = std::fs::read(&debug)
+            .ok()
+            .and_then(|d| elf::function_symbol(&d, "luaV_execute"))
+        {
+            return Some((s, e, "debug symbols"));
+        }
+    }
+    elf::largest_function(binary).map(|(s, e)| (s, e, "largest function"))
+}
+
+/// The separate debug file of a build-id under `dir`, where Debian's debug packages put
+/// it (/usr/lib/debug).
+fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    if hex.len() < 3 {
+        return None;
+    }
+    let p = dir
+        .join(".build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    p.exists().then_some(p)
+}
+
+/// The source line of each instruction of a proto BPF copied (empty when its line table
+/// was not copied whole), as luaG_getfuncline computes it.
+pub fn lines(c: &RawLuaProto, abi: &RawPucConfig) -> Vec<u32> {
+    let n = c.sizebc as usize;
+    let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(LUA_LINEINFO)];
+    if abi.p_abslineinfo == 0 {
+        // 5.1–5.3: an absolute line per instruction.
+        if raw.len() != n * 4 {
+            return Vec::new();
+        }
+        return raw
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+    }
+    // 5.4+: a signed delta per instruction from the line before, and at every entry of
+    // abslineinfo ({pc, line} pairs) an absolute line instead.
+    if raw.len() != n {
+        return Vec::new();
+    }
+    let abs_end = PUC_ABS_AT + (c.abs_len as usize).min(LUA_LINEINFO - PUC_ABS_AT);
+    let mut abs = c.lineinfo[PUC_ABS_AT..abs_end].chunks_exact(8).map(|b| {
+        (
+            i32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            i32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        )
+    });
+    let mut next = abs.next();
+    let mut line = c.firstline;
+    raw.iter()
+        .enumerate()
+        .map(|(pc, &d)| {
+            match next {
+                Some((at, l)) if at as usize == pc => {
+                    line = l;
+                    next = abs.next();
+                }
+                _ => line += i32::from(d as i8),
+            }
+            line.max(0) as u32
+        })
+        .collect()
+}

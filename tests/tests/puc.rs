@@ -1,0 +1,166 @@
+//! PUC Lua stacks against ground truth (fixtures/workloads/lua/chains.lua and kinds.lua):
+//! Debian's `lua5.1` … `lua5.4` (the core linked into the interpreter, stripped, with and
+//! without the `-dbg` packages' symbols), the Lua 5.5 interpreter and a stripped Lua 5.4
+//! interpreter built by `make fixtures`, each attached with `lrec -p` after it started; a
+//! stripped host with one VM per thread; and a VM that never calls the C API after attach.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lrec_e2e::*;
+
+/// Where lrec looks for no separate debug files: as if no `-dbg` package were installed.
+const NO_DEBUG: &[&str] = &["--debug-dir", "/nonexistent"];
+
+/// kinds.lua's chains, but for the one 5.1 cannot run (a yield inside pcall).
+fn kinds_truth_51() -> Vec<Vec<u32>> {
+    kinds_truth()
+        .into_iter()
+        .filter(|t| t.last() != Some(&18))
+        .collect()
+}
+
+fn debian(version: &str) -> Option<PathBuf> {
+    installed(
+        &format!("/usr/bin/lua{version}"),
+        &format!("Debian lua{version}"),
+    )
+}
+
+fn chains(what: &str, lua: PathBuf, lrec_args: &[&str]) {
+    lua_is_exact(what, &lua, &[], "chains.lua", &chains_truth(), lrec_args);
+}
+
+fn kinds(what: &str, lua: PathBuf, truths: &[Vec<u32>], lrec_args: &[&str]) {
+    lua_is_exact(what, &lua, &[], "kinds.lua", truths, lrec_args);
+}
+
+#[test]
+fn lua51_chains() {
+    if let Some(lua) = debian("5.1") {
+        chains("lua5.1 chains", lua, &[]);
+    }
+}
+
+#[test]
+fn lua51_kinds_without_debug_symbols() {
+    if let Some(lua) = debian("5.1") {
+        kinds("lua5.1 kinds no dbg", lua, &kinds_truth_51(), NO_DEBUG);
+    }
+}
+
+#[test]
+fn lua52_chains() {
+    if let Some(lua) = debian("5.2") {
+        chains("lua5.2 chains", lua, &[]);
+    }
+}
+
+#[test]
+fn lua52_kinds() {
+    if let Some(lua) = debian("5.2") {
+        kinds("lua5.2 kinds", lua, &kinds_truth(), &[]);
+    }
+}
+
+#[test]
+fn lua53_chains_without_debug_symbols() {
+    if let Some(lua) = debian("5.3") {
+        chains("lua5.3 chains no dbg", lua, NO_DEBUG);
+    }
+}
+
+#[test]
+fn lua53_kinds() {
+    if let Some(lua) = debian("5.3") {
+        kinds("lua5.3 kinds", lua, &kinds_truth(), &[]);
+    }
+}
+
+#[test]
+fn lua54_chains() {
+    if let Some(lua) = debian("5.4") {
+        chains("lua5.4 chains", lua, &[]);
+    }
+}
+
+#[test]
+fn lua54_chains_without_debug_symbols() {
+    if let Some(lua) = debian("5.4") {
+        chains("lua5.4 chains no dbg", lua, NO_DEBUG);
+    }
+}
+
+#[test]
+fn lua54_kinds() {
+    if let Some(lua) = debian("5.4") {
+        kinds("lua5.4 kinds", lua, &kinds_truth(), &[]);
+    }
+}
+
+#[test]
+fn lua55_chains() {
+    chains("lua5.5 chains", fixture_bin("lua5.5"), &[]);
+}
+
+#[test]
+fn lua55_kinds() {
+    kinds("lua5.5 kinds", fixture_bin("lua5.5"), &kinds_truth(), &[]);
+}
+
+#[test]
+fn stripped_static_lua54_kinds() {
+    kinds(
+        "stripped lua5.4 kinds",
+        fixture_bin("lua5.4-static"),
+        &kinds_truth(),
+        &[],
+    );
+}
+
+#[test]
+fn several_vms_in_a_stripped_static_puc_host() {
+    several_vms_are_told_apart("puc-host", fixture_bin("puc-host"));
+}
+
+/// A VM that runs one Lua loop from before lrec attaches, never calling into C again: its
+/// state is found all the same (≥ 95 % of the samples end in the loop's Lua function).
+#[test]
+fn a_vm_that_never_calls_c_after_attach() {
+    let Some(_guard) = bpf_test("a_vm_that_never_calls_c_after_attach") else {
+        return;
+    };
+    let Some(lua) = debian("5.4") else {
+        return;
+    };
+    let dir = tempfile_dir("puc-loop");
+    let cap = dir.join("loop.lrec");
+    let mut target = Command::new(lua)
+        .args([
+            "-e",
+            "local function spin() local x = 0 while true do x = x + 1 end end spin()",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    record_pid(&cap, target.id(), 499, 4, &[]);
+    target.kill().unwrap();
+    target.wait().unwrap();
+
+    let (stacks, _) = folded(&cap, &["--offline"]);
+    let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+    let lua: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.last().is_some_and(|f| f.ends_with("(command line):1")))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("loop: {lua}/{total} samples with the Lua frame");
+    assert!(total >= 1000, "only {total} samples");
+    assert!(
+        lua as f64 >= 0.95 * total as f64,
+        "{lua}/{total}: {stacks:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
