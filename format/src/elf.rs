@@ -248,6 +248,16 @@ fn debug_info_size(file: &ElfFile64<'_, LittleEndian>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tells_a_lua_release_from_lua_ident() {
+        let v54 =
+            b"..\0$LuaVersion: Lua 5.4.6  Copyright (C) 1994-2023 Lua.org, PUC-Rio $$LuaAuthors";
+        assert_eq!(lua_release(v54), Some((4, 6)));
+        let v51 = b"$Lua: Lua 5.1.5 Copyright (C) 1994-2012 Lua.org, PUC-Rio $\n";
+        assert_eq!(lua_release(v51), Some((1, 5)));
+        assert_eq!(lua_release(b"no Lua here"), None);
+    }
     use std::process::Command;
 
     /// The build ID that `readelf -n` prints for `path`, as bytes.

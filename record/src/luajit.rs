@@ -180,6 +180,8 @@ pub struct VmCode {
     pub cframe_size: u32,
     /// PUC Lua: the release (minor, patch) named by the binary's version string.
     pub release: Option<(u32, u32)>,
+    /// PUC Lua: how luaV_execute was found (see [`puc::find_execute`]).
+    pub found_by: &'static str,
 }
 
 enum Detection {
@@ -288,7 +290,7 @@ impl LuaJit {
         r.vm = format!("Lua 5.{minor}.{patch}");
         match release {
             Some(rel) => {
-                r.layout = rel.name();
+                r.layout = format!("{} (luaV_execute by {})", rel.name(), code.found_by);
                 self.puc_configs.push((pid, rel.abi));
             }
             None => {
@@ -515,6 +517,7 @@ fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
         end: 0,
         cframe_size: 0,
         release: None,
+        found_by: "",
     });
     LuaRuntime {
         pid,

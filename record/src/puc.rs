@@ -277,7 +277,7 @@ pub fn find_execute(
     debug_dir: &Path,
 ) -> Option<(u64, u64, &'static str)> {
     if let Some((s, e)) = elf::function_symbol(data, "luaV_execute") {
-        return Some((s, e, "symbol"));
+        return Some((s, e, "its symbol"));
     }
     if let Some(debug) = binary
         .build_id
@@ -288,10 +288,10 @@ pub fn find_execute(
             .ok()
             .and_then(|d| elf::function_symbol(&d, "luaV_execute"))
         {
-            return Some((s, e, "debug symbols"));
+            return Some((s, e, "the debug file's symbol"));
         }
     }
-    elf::largest_function(binary).map(|(s, e)| (s, e, "largest function"))
+    elf::largest_function(binary).map(|(s, e)| (s, e, "the largest function"))
 }
 
 /// The separate debug file of a build-id under `dir`, where Debian's debug packages put
@@ -350,4 +350,66 @@ pub fn lines(c: &RawLuaProto, abi: &RawPucConfig) -> Vec<u32> {
             line.max(0) as u32
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto(sizebc: u32, firstline: i32, lineinfo: &[u8], abs: &[(i32, i32)]) -> RawLuaProto {
+        let mut p = RawLuaProto {
+            tgid: 0,
+            chunkname_len: 0,
+            ptr: 0,
+            chunkname: 0,
+            firstline,
+            numline: 0,
+            sizebc,
+            lineinfo_len: lineinfo.len() as u32,
+            abs_len: (abs.len() * 8) as u32,
+            pad: 0,
+            name: [0; crate::raw::LUA_CHUNKNAME],
+            lineinfo: [0; LUA_LINEINFO],
+        };
+        p.lineinfo[..lineinfo.len()].copy_from_slice(lineinfo);
+        for (i, (pc, line)) in abs.iter().enumerate() {
+            let at = PUC_ABS_AT + 8 * i;
+            p.lineinfo[at..at + 4].copy_from_slice(&pc.to_le_bytes());
+            p.lineinfo[at + 4..at + 8].copy_from_slice(&line.to_le_bytes());
+        }
+        p
+    }
+
+    #[test]
+    fn absolute_lines_of_5_1_to_5_3() {
+        let raw: Vec<u8> = [3u32, 3, 4, 9]
+            .iter()
+            .flat_map(|l| l.to_le_bytes())
+            .collect();
+        let v53 = release(3, 6).unwrap().abi;
+        assert_eq!(lines(&proto(4, 2, &raw, &[]), &v53), vec![3, 3, 4, 9]);
+        // A line table not copied whole gives no lines rather than wrong ones.
+        assert!(lines(&proto(5, 2, &raw, &[]), &v53).is_empty());
+    }
+
+    #[test]
+    fn delta_lines_of_5_4_with_absolute_anchors() {
+        // linedefined 10; deltas +1, 0, +2, then an anchor (ABSLINEINFO, -128) at pc 3
+        // saying line 400, then -1.
+        let deltas = [1u8, 0, 2, 0x80, 0xff];
+        let v54 = release(4, 4).unwrap().abi;
+        assert_eq!(
+            lines(&proto(5, 10, &deltas, &[(3, 400)]), &v54),
+            vec![11, 11, 13, 400, 399]
+        );
+    }
+
+    #[test]
+    fn releases_are_told_by_minor_and_patch() {
+        assert_eq!(release(4, 4).unwrap().name(), "lua-5.4.3-9");
+        assert_eq!(release(4, 0).unwrap().abi.fresh_rule, puc_rule::ALL);
+        assert_eq!(release(5, 1).unwrap().abi.version, 505);
+        assert!(release(3, 0).is_none());
+        assert!(release(6, 0).is_none());
+    }
 }

@@ -540,16 +540,18 @@ impl Recording {
             end: vm.end,
             cframe_size: vm.cframe_size,
             release: None,
+            found_by: "",
         });
         let puc = || {
             let data = data?;
             let release = elf::lua_release(data)?;
-            let (start, end, _how) = crate::puc::find_execute(data, binary, &self.debug_dir)?;
+            let (start, end, found_by) = crate::puc::find_execute(data, binary, &self.debug_dir)?;
             Some(VmCode {
                 start,
                 end,
                 cframe_size: 0,
                 release: Some(release),
+                found_by,
             })
         };
         if let Some(vm) = luajit.or_else(puc) {
