@@ -22,6 +22,8 @@
 #define LREC_PUC_SCAN_WORDS 64
 /* lua_longjmp links followed to a coroutine's outermost one. */
 #define LREC_PUC_MAX_JMPS 16
+/* Registers that may hold a lua_State (a power of two, the last one unused). */
+#define PUC_NREGS 16
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -56,6 +58,7 @@ struct puc_work {
 	__u32 tgid;
 	__u32 t;         /* thread being walked, counting down from the innermost */
 	__u32 scanned;
+	__u64 regs[PUC_NREGS];
 	__u64 ci, base_ci, l_savedpc, bottom;
 	__u64 last_func, last_pt, last_code, last_call, last_op;
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
@@ -136,30 +139,6 @@ static __always_inline int puc_is_state(struct puc_work *w, __u64 p, __u64 *g)
 	return 1;
 }
 
-/* One stack word of the scan for a running lua_State. */
-static long puc_scan_word(__u64 i, void *unused)
-{
-	struct puc_work *w = puc_work();
-	if (!w)
-		return 1;
-	__u32 off = w->scanned * 8;
-	w->scanned++;
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b || off + 8 > b->s.stack_len)
-		return 1;
-	__u64 v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
-	/* Stack addresses and small numbers are no states. */
-	if (!puc_user_ptr(v) || (v >= w->sp && v < w->stack_top))
-		return 0;
-	__u64 g = w->g;
-	if (puc_is_state(w, v, &g) && puc_active(w, v)) {
-		w->g = g;
-		w->threads[0] = v;
-		return 1;
-	}
-	return 0;
-}
-
 /* The main thread of the VM this thread ran last, when it is inside a call. */
 static __always_inline int puc_cached_root(struct puc_work *w, __u32 tid)
 {
@@ -175,22 +154,42 @@ static __always_inline int puc_cached_root(struct puc_work *w, __u32 tid)
 	return 1;
 }
 
+/* One candidate of the search for a running state: the registers, then stack words. */
+static long puc_try_word(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w)
+		return 1;
+	__u64 v;
+	if (i < PUC_NREGS) {
+		v = w->regs[i & (PUC_NREGS - 1)];
+	} else {
+		__u32 off = (i - PUC_NREGS) * 8;
+		struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+		if (!b || off + 8 > b->s.stack_len)
+			return 1;
+		v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
+		/* Stack addresses are no states. */
+		if (v >= w->sp && v < w->stack_top)
+			return 0;
+	}
+	__u64 g = w->g;
+	if (puc_is_state(w, v, &g) && puc_active(w, v)) {
+		w->g = g;
+		w->threads[0] = v;
+		return 1;
+	}
+	return 0;
+}
+
 /* A running state named by a register (luaV_execute keeps L in one) or a stack slot. */
 static __always_inline int puc_found_root(struct puc_work *w, struct lrec_regs *r)
 {
-	__u64 regs[14] = { r->bx, r->bp, r->r12, r->r13, r->r14, r->r15, r->di,
-			   r->si, r->dx, r->cx, r->ax, r->r8, r->r9, r->r10 };
-	for (int i = 0; i < 14; i++) {
-		__u64 g = w->g;
-		if (puc_is_state(w, regs[i], &g) && puc_active(w, regs[i])) {
-			w->g = g;
-			w->threads[0] = regs[i];
-			return 1;
-		}
-	}
+	__u64 regs[PUC_NREGS] = { r->bx, r->bp, r->r12, r->r13, r->r14, r->r15, r->di, r->si,
+				  r->dx, r->cx, r->ax, r->r8, r->r9, r->r10, r->r11, 0 };
+	__builtin_memcpy(w->regs, regs, sizeof(regs));
 	w->threads[0] = 0;
-	w->scanned = 0;
-	bpf_loop(LREC_PUC_SCAN_WORDS, puc_scan_word, NULL, 0);
+	bpf_loop(PUC_NREGS + LREC_PUC_SCAN_WORDS, puc_try_word, NULL, 0);
 	return w->threads[0] != 0;
 }
 
@@ -228,32 +227,45 @@ static __always_inline __u64 puc_resumed(struct puc_work *w, __u64 l)
 	return co;
 }
 
-/* Where a coroutine began on the native stack: its outermost lua_longjmp (lua_resume's
- * luaD_rawrunprotected). jmp is its innermost one. */
-static __always_inline __u64 puc_bottom(__u64 jmp)
-{
-	__u64 bottom = jmp;
-	for (int i = 0; i < LREC_PUC_MAX_JMPS && jmp; i++) {
-		bottom = jmp;
-		jmp = rd64(jmp); /* lua_longjmp.previous */
-	}
-	return bottom;
-}
-
 /* From the root state (w->threads[0], read into w->ls), down the coroutines it
  * resumes; the innermost must run on this thread: its innermost lua_longjmp lies on this
  * stack. Returns the number of states, 0 when the chain does not run here. */
+static long puc_descend(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w || w->nthreads >= LREC_PUC_MAX_THREADS)
+		return 1;
+	__u64 co = puc_resumed(w, w->threads[(w->nthreads - 1) & (LREC_PUC_MAX_THREADS - 1)]);
+	if (!co)
+		return 1;
+	w->threads[w->nthreads & (LREC_PUC_MAX_THREADS - 1)] = co;
+	w->nthreads++;
+	return 0;
+}
+
+/* One coroutine's bottom: where it began on the native stack, its outermost lua_longjmp
+ * (lua_resume's luaD_rawrunprotected), found from its innermost one. */
+static long puc_bottom(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w || i + 1 >= w->nthreads)
+		return 1;
+	__u32 t = (i + 1) & (LREC_PUC_MAX_THREADS - 1);
+	__u64 jmp = rd64(w->threads[t] + w->cfg.l_errorjmp), bottom = jmp;
+	for (int k = 0; k < LREC_PUC_MAX_JMPS && jmp; k++) {
+		bottom = jmp;
+		jmp = rd64(jmp); /* lua_longjmp.previous */
+	}
+	w->bottoms[t] = bottom;
+	return 0;
+}
+
 static __always_inline __u32 puc_chain(struct puc_work *w)
 {
 	struct lrec_puc_config *c = &w->cfg;
-	__u32 n = 1;
-	for (int i = 1; i < LREC_PUC_MAX_THREADS; i++) {
-		__u64 co = puc_resumed(w, w->threads[(i - 1) & (LREC_PUC_MAX_THREADS - 1)]);
-		if (!co)
-			break;
-		w->threads[i & (LREC_PUC_MAX_THREADS - 1)] = co;
-		n++;
-	}
+	w->nthreads = 1;
+	bpf_loop(LREC_PUC_MAX_THREADS, puc_descend, NULL, 0);
+	__u32 n = w->nthreads;
 	__u64 running = w->threads[(n - 1) & (LREC_PUC_MAX_THREADS - 1)];
 	if (!puc_read_state(w, running))
 		return 0;
@@ -557,7 +569,6 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	if (!w)
 		return 0;
 	__builtin_memcpy(&w->cfg, cfg, sizeof(*cfg));
-	struct lrec_puc_config *c = &w->cfg;
 	w->sp = r->sp;
 	w->stack_top = puc_stack_top(r->sp);
 	w->cpu = cpu;
@@ -574,16 +585,9 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	if (!n)
 		return 0;
 	w->bottoms[0] = 0;
-	for (__u32 i = 1; i < LREC_PUC_MAX_THREADS; i++) {
-		if (i >= n)
-			break;
-		__u64 l = w->threads[i & (LREC_PUC_MAX_THREADS - 1)];
-		w->bottoms[i & (LREC_PUC_MAX_THREADS - 1)] =
-			puc_bottom(rd64(l + c->l_errorjmp));
-	}
+	bpf_loop(LREC_PUC_MAX_THREADS, puc_bottom, NULL, 0);
 	bpf_map_update_elem(&puc_thread_vm, &tid, &w->g, BPF_ANY);
 
-	w->nthreads = n;
 	w->t = n - 1;
 	if (!puc_enter(w))
 		return 0;

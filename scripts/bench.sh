@@ -4,7 +4,7 @@
 #   1. bytes per sample: lrec capture (embedded sections included) vs
 #      `perf record --call-graph dwarf,16384 -z`
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
-#   3. LuaJIT overhead (below). SKIP_NATIVE=1 runs only that.
+#   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 runs only that.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -65,35 +65,37 @@ awk -v lb="$lrec_bytes" -v ls="$lrec_samples" -v lt="$lt" \
 
 fi
 
-# 3. Overhead on LuaJIT (issue #6): a fixed-work run of chains.lua (JIT on and -joff), bare,
-#    under `lrec -F 999` and under `perf record --call-graph dwarf,16384 -F 999`, alternating,
-#    whole-command wall time; the median of $LUA_RUNS runs each. With kernel.bpf_stats_enabled
-#    lrec also reports its BPF program's cost per sample.
+# 3. Overhead on Lua (issues #6, #7): a fixed-work run of chains.lua under LuaJIT (JIT on
+#    and -joff) and under Debian's lua5.4, bare, under `lrec -F 999` and under
+#    `perf record --call-graph dwarf,16384 -F 999`, alternating, whole-command wall time; the
+#    median of $LUA_RUNS runs each. With kernel.bpf_stats_enabled lrec also reports its BPF
+#    program's cost per sample. ONLY=luajit or ONLY=puc runs one of them.
 LUA_RUNS=${LUA_RUNS:-5}
-LUAJIT=fixtures/bin/luajit-gc64
 CHAINS=fixtures/workloads/lua/chains.lua
+CASES=()
+[ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
+[ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|2500")
 wall() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 old_stats=$(sysctl -n kernel.bpf_stats_enabled 2>/dev/null || echo 0)
 sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || true
 echo
-printf "LuaJIT overhead: %s, fixed work, %d runs each, alternating, median wall time\n" "$CHAINS" "$LUA_RUNS"
-printf "%-8s %10s %10s %10s %12s %12s %14s\n" "mode" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown" "BPF us/sample"
-for mode in on off; do
-  flags=""; rounds=12000
-  if [ "$mode" = off ]; then flags="-joff"; rounds=8000; fi
+printf "Lua overhead: %s, fixed work, %d runs each, alternating, median wall time\n" "$CHAINS" "$LUA_RUNS"
+printf "%-14s %10s %10s %10s %12s %12s %14s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown" "BPF us/sample"
+for case in "${CASES[@]}"; do
+  IFS='|' read -r label cmd rounds <<<"$case"
   : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/perf.t"; : >"$OUT/bpf.t"
   for _ in $(seq "$LUA_RUNS"); do
-    wall $LUAJIT $flags $CHAINS 0 $rounds >>"$OUT/bare.t"
+    wall $cmd $CHAINS 0 "$rounds" >>"$OUT/bare.t"
     t0=$(now)
-    ./target/release/lrec -F 999 -o "$OUT/lua.lrec" -- $LUAJIT $flags $CHAINS 0 $rounds >/dev/null 2>"$OUT/lrec.err"
+    ./target/release/lrec -F 999 -o "$OUT/lua.lrec" -- $cmd $CHAINS 0 "$rounds" >/dev/null 2>"$OUT/lrec.err"
     t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >>"$OUT/lrec.t"
     grep -o '[0-9.]* us per run' "$OUT/lrec.err" | awk '{print $1}' >>"$OUT/bpf.t" || true
-    wall perf record -q -F 999 --call-graph dwarf,16384 -o "$OUT/lua.perf" -- $LUAJIT $flags $CHAINS 0 $rounds >>"$OUT/perf.t"
+    wall perf record -q -F 999 --call-graph dwarf,16384 -o "$OUT/lua.perf" -- $cmd $CHAINS 0 "$rounds" >>"$OUT/perf.t"
   done
   b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); p=$(median <"$OUT/perf.t")
   c=$( [ -s "$OUT/bpf.t" ] && median <"$OUT/bpf.t" || echo "-")
-  awk -v m="jit $mode" -v b="$b" -v l="$l" -v p="$p" -v c="$c" 'BEGIN {
-    printf "%-8s %10.3f %10.3f %10.3f %11.1f%% %11.1f%% %14s\n", m, b, l, p, 100 * (l / b - 1), 100 * (p / b - 1), c }'
+  awk -v m="$label" -v b="$b" -v l="$l" -v p="$p" -v c="$c" 'BEGIN {
+    printf "%-14s %10.3f %10.3f %10.3f %11.1f%% %11.1f%% %14s\n", m, b, l, p, 100 * (l / b - 1), 100 * (p / b - 1), c }'
 done
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

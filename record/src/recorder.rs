@@ -142,8 +142,11 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     drain(&mut sampler, &mut rec)?;
     rec.note_lost(sampler.lost())?;
     let bpf_cost = sampler.bpf_cost();
-    drop(sampler);
+    // Detaching waits ~0.1 s in the kernel (the perf events' BPF links): meanwhile the
+    // capture is finished.
+    let detach = std::thread::spawn(move || drop(sampler));
     let summary = rec.finish(&reason)?;
+    let _ = detach.join();
     if !args.quiet {
         eprintln!(
             "lrec: {} samples ({} lost) from {} threads in {:.1} s, {reason}\n\
