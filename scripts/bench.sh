@@ -69,12 +69,15 @@ fi
 #    and -joff) and under Debian's lua5.4, bare, under `lrec -F 999` and under
 #    `perf record --call-graph dwarf,16384 -F 999`, alternating, whole-command wall time; the
 #    median of $LUA_RUNS runs each. With kernel.bpf_stats_enabled lrec also reports its BPF
-#    program's cost per sample. ONLY=luajit or ONLY=puc runs one of them.
+#    program's cost per sample. Then the same attached: the target's own wall time, from its
+#    start to its exit, bare and with `lrec -p` or `perf record -p` attached right after it
+#    started (the profilers' own start-up and teardown then run beside it, not before and
+#    after it). ONLY=luajit or ONLY=puc runs one of them.
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
 [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
-[ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|2500")
+[ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 wall() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 old_stats=$(sysctl -n kernel.bpf_stats_enabled 2>/dev/null || echo 0)
@@ -97,5 +100,34 @@ for case in "${CASES[@]}"; do
   c=$( [ -s "$OUT/bpf.t" ] && median <"$OUT/bpf.t" || echo "-")
   awk -v m="$label" -v b="$b" -v l="$l" -v p="$p" -v c="$c" 'BEGIN {
     printf "%-14s %10.3f %10.3f %10.3f %11.1f%% %11.1f%% %14s\n", m, b, l, p, 100 * (l / b - 1), 100 * (p / b - 1), c }'
+done
+
+# The target's wall time with a profiler (none, lrec, perf) attached after it started.
+attached() {
+  local tool=$1 cmd=$2 rounds=$3 t0 t1 pid rp=""
+  t0=$(now)
+  $cmd $CHAINS 0 "$rounds" >/dev/null 2>&1 &
+  pid=$!
+  case $tool in
+    lrec) ./target/release/lrec -q -F 999 -p "$pid" -o "$OUT/att.lrec" >/dev/null 2>&1 & rp=$! ;;
+    perf) perf record -q -F 999 --call-graph dwarf,16384 -p "$pid" -o "$OUT/att.perf" >/dev/null 2>&1 & rp=$! ;;
+  esac
+  wait "$pid"
+  t1=$(now)
+  [ -n "$rp" ] && wait "$rp"
+  awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'
+}
+echo
+printf "Lua overhead, attached: the target's own wall time, %d runs each, alternating, median\n" "$LUA_RUNS"
+printf "%-14s %10s %10s %10s %12s %12s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown"
+for case in "${CASES[@]}"; do
+  IFS='|' read -r label cmd rounds <<<"$case"
+  : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/perf.t"
+  for _ in $(seq "$LUA_RUNS"); do
+    for tool in bare lrec perf; do attached "$tool" "$cmd" "$rounds" >>"$OUT/$tool.t"; done
+  done
+  b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); p=$(median <"$OUT/perf.t")
+  awk -v m="$label" -v b="$b" -v l="$l" -v p="$p" 'BEGIN {
+    printf "%-14s %10.3f %10.3f %10.3f %11.1f%% %11.1f%%\n", m, b, l, p, 100 * (l / b - 1), 100 * (p / b - 1) }'
 done
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

@@ -36,20 +36,54 @@ fn kinds(what: &str, lua: PathBuf, truths: &[Vec<u32>], lrec_args: &[&str]) {
     lua_is_exact(what, &lua, &[], "kinds.lua", truths, lrec_args);
 }
 
-#[test]
-fn lua51_chains() {
-    if let Some(lua) = debian("5.1") {
-        chains("lua5.1 chains", lua, &[]);
-    }
+/// chains.lua and kinds.lua under Debian's `lua5.X`, with the `-dbg` package's symbols
+/// and without (`--debug-dir` elsewhere: luaV_execute is then the largest function).
+macro_rules! debian_tests {
+    ($version:literal, $kinds:expr, $chains:ident, $kinds_test:ident, $chains_nodbg:ident, $kinds_nodbg:ident) => {
+        #[test]
+        fn $chains() {
+            if let Some(lua) = debian($version) {
+                chains(concat!("lua", $version, " chains"), lua, &[]);
+            }
+        }
+
+        #[test]
+        fn $kinds_test() {
+            if let Some(lua) = debian($version) {
+                kinds(concat!("lua", $version, " kinds"), lua, &$kinds, &[]);
+            }
+        }
+
+        #[test]
+        fn $chains_nodbg() {
+            if let Some(lua) = debian($version) {
+                chains(concat!("lua", $version, " chains no dbg"), lua, NO_DEBUG);
+            }
+        }
+
+        #[test]
+        fn $kinds_nodbg() {
+            if let Some(lua) = debian($version) {
+                kinds(
+                    concat!("lua", $version, " kinds no dbg"),
+                    lua,
+                    &$kinds,
+                    NO_DEBUG,
+                );
+            }
+        }
+    };
 }
 
-#[test]
-fn lua51_kinds_without_debug_symbols() {
-    if let Some(lua) = debian("5.1") {
-        kinds("lua5.1 kinds no dbg", lua, &kinds_truth_51(), NO_DEBUG);
-    }
-}
-
+debian_tests!(
+    "5.1",
+    kinds_truth_51(),
+    lua51_chains,
+    lua51_kinds,
+    lua51_chains_no_dbg,
+    lua51_kinds_no_dbg
+);
+// Debian has no -dbg package for 5.2: its tests run without symbols only.
 #[test]
 fn lua52_chains() {
     if let Some(lua) = debian("5.2") {
@@ -63,41 +97,22 @@ fn lua52_kinds() {
         kinds("lua5.2 kinds", lua, &kinds_truth(), &[]);
     }
 }
-
-#[test]
-fn lua53_chains_without_debug_symbols() {
-    if let Some(lua) = debian("5.3") {
-        chains("lua5.3 chains no dbg", lua, NO_DEBUG);
-    }
-}
-
-#[test]
-fn lua53_kinds() {
-    if let Some(lua) = debian("5.3") {
-        kinds("lua5.3 kinds", lua, &kinds_truth(), &[]);
-    }
-}
-
-#[test]
-fn lua54_chains() {
-    if let Some(lua) = debian("5.4") {
-        chains("lua5.4 chains", lua, &[]);
-    }
-}
-
-#[test]
-fn lua54_chains_without_debug_symbols() {
-    if let Some(lua) = debian("5.4") {
-        chains("lua5.4 chains no dbg", lua, NO_DEBUG);
-    }
-}
-
-#[test]
-fn lua54_kinds() {
-    if let Some(lua) = debian("5.4") {
-        kinds("lua5.4 kinds", lua, &kinds_truth(), &[]);
-    }
-}
+debian_tests!(
+    "5.3",
+    kinds_truth(),
+    lua53_chains,
+    lua53_kinds,
+    lua53_chains_no_dbg,
+    lua53_kinds_no_dbg
+);
+debian_tests!(
+    "5.4",
+    kinds_truth(),
+    lua54_chains,
+    lua54_kinds,
+    lua54_chains_no_dbg,
+    lua54_kinds_no_dbg
+);
 
 #[test]
 fn lua55_chains() {
