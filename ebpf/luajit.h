@@ -230,26 +230,52 @@ static __always_inline int lua_parent(struct lua_work *w)
 	return 1;
 }
 
-/* Copies a proto's chunk name and line table out the first time a sample runs it. */
-static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_frame *f)
+/* The proto record to fill for frame f, or NULL when this proto was copied already. Both
+ * VMs' walkers (here and puc.h) key protos alike. */
+static __always_inline struct lrec_lua_proto *lua_proto_begin(__u32 tgid,
+							      struct lrec_lua_frame *f)
 {
 	struct lua_proto_key k = {
-		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
 		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
 	};
 	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
-		return;
+		return NULL;
 	__u32 zero = 0;
 	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
 	if (!p)
-		return;
-	p->tgid = w->tgid;
+		return NULL;
+	p->tgid = tgid;
 	p->ptr = f->ptr;
 	p->chunkname = f->chunkname;
 	p->firstline = f->firstline;
 	p->numline = f->numline;
 	p->sizebc = f->sizebc;
+	p->chunkname_len = 0;
+	p->lineinfo_len = 0;
 	p->abs_len = 0;
+	return p;
+}
+
+/* Sends a filled proto record and remembers it as copied. */
+static __always_inline void lua_proto_commit(struct lrec_lua_proto *p)
+{
+	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
+		return;
+	struct lua_proto_key k = {
+		.tgid = p->tgid, .firstline = p->firstline, .ptr = p->ptr,
+		.chunkname = p->chunkname, .numline = p->numline, .sizebc = p->sizebc,
+	};
+	__u32 one = 1;
+	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+}
+
+/* Copies a proto's chunk name and line table out the first time a sample runs it. */
+static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_frame *f)
+{
+	struct lrec_lua_proto *p = lua_proto_begin(w->tgid, f);
+	if (!p)
+		return;
 	__u32 len = rd32(f->chunkname + w->cfg.str_len);
 	p->chunkname_len = len;
 	if (len > LREC_LUA_CHUNKNAME)
@@ -266,10 +292,7 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	if (n && li &&
 	    !bpf_probe_read_user(p->lineinfo, n & (2 * LREC_LUA_LINEINFO - 1), (void *)li))
 		p->lineinfo_len = n;
-	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
-		return;
-	__u32 one = 1;
-	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+	lua_proto_commit(p);
 }
 
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */

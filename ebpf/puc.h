@@ -325,25 +325,9 @@ static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, _
 static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_frame *f)
 {
 	struct lrec_puc_config *c = &w->cfg;
-	struct lua_proto_key k = {
-		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
-		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-	};
-	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
-		return;
-	__u32 zero = 0;
-	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
+	struct lrec_lua_proto *p = lua_proto_begin(w->tgid, f);
 	if (!p)
 		return;
-	p->tgid = w->tgid;
-	p->ptr = f->ptr;
-	p->chunkname = f->chunkname;
-	p->firstline = f->firstline;
-	p->numline = f->numline;
-	p->sizebc = f->sizebc;
-	p->chunkname_len = 0;
-	p->lineinfo_len = 0;
-	p->abs_len = 0;
 	__u32 len = 0;
 	__u64 text = 0;
 	if (puc_string(w, f->chunkname, &len, &text)) {
@@ -378,10 +362,7 @@ static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_f
 						    (void *)li))
 			p->lineinfo_len = n;
 	}
-	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
-		return;
-	__u32 one = 1;
-	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+	lua_proto_commit(p);
 }
 
 /* Whether 5.1's luaV_execute began at the Lua frame emitted last, now that its caller
@@ -494,26 +475,21 @@ static long puc_step(__u64 i, void *unused)
 			f->numline = PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined);
 			f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
 			puc_note_proto(w, f);
-		} else {
-			/* The proto of the frame above again (recursion): copy its fields. */
-			struct lrec_lua_frame *prev =
-				(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
-			f->ptr = prev->ptr;
-			f->chunkname = prev->chunkname;
-			f->firstline = prev->firstline;
-			f->numline = prev->numline;
-			f->sizebc = prev->sizebc;
+			w->last_func = v;
+			goto proto_known;
 		}
 		w->last_func = v;
-	} else {
-		struct lrec_lua_frame *prev =
-			(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
-		f->ptr = prev->ptr;
-		f->chunkname = prev->chunkname;
-		f->firstline = prev->firstline;
-		f->numline = prev->numline;
-		f->sizebc = prev->sizebc;
 	}
+	/* The function, or at least the proto, of the frame above again (recursion): its
+	 * fields are that frame's. */
+	struct lrec_lua_frame *prev =
+		(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
+	f->ptr = prev->ptr;
+	f->chunkname = prev->chunkname;
+	f->firstline = prev->firstline;
+	f->numline = prev->numline;
+	f->sizebc = prev->sizebc;
+proto_known:
 	if (savedpc > w->last_code && savedpc - w->last_code < (1ULL << 28))
 		f->pos = (__u32)((savedpc - w->last_code) / 4) - 1;
 	switch (c->fresh_rule) {

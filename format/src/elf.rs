@@ -571,25 +571,17 @@ const MIN_VM_FDE: u64 = 10_000;
 /// FDE covering `lj_vm_asm_begin` up to the FFI call code, whose CFA is `rsp + 80` (or
 /// `+ 96`) everywhere, the VM's C frame. Symbols are not needed (Debian hides `lj_*`).
 pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
-    use gimli::{CfaRule, UnwindContext, UnwindSection, X86_64};
-    let (frame, bases) = eh_frame(binary)?;
+    use gimli::{CfaRule, UnwindContext, X86_64};
     let mut ctx = UnwindContext::new();
-    let mut entries = frame.entries(&bases);
     let mut best: Option<LuaJitVm> = None;
-    while let Ok(Some(entry)) = entries.next() {
-        let gimli::CieOrFde::Fde(partial) = entry else {
-            continue;
-        };
-        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
-            continue;
-        };
+    for_each_fde(binary, |fde, frame, bases| {
         let (start, len) = (fde.initial_address(), fde.len());
         if len < MIN_VM_FDE || best.is_some_and(|b| b.end - b.start >= len) {
-            continue;
+            return;
         }
         let mid = start + len / 2;
-        let Ok(row) = fde.unwind_info_for_address(&frame, &bases, &mut ctx, mid) else {
-            continue;
+        let Ok(row) = fde.unwind_info_for_address(frame, bases, &mut ctx, mid) else {
+            return;
         };
         if let CfaRule::RegisterAndOffset { register, offset } = row.cfa() {
             if *register == X86_64::RSP && matches!(offset, 80 | 96) {
@@ -600,18 +592,25 @@ pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
                 });
             }
         }
-    }
+    });
     best
 }
 
-/// A binary's `.eh_frame` and the base addresses its pointers are relative to.
-fn eh_frame(
-    binary: &Binary,
-) -> Option<(
-    gimli::EhFrame<gimli::EndianSlice<'_, gimli::LittleEndian>>,
-    gimli::BaseAddresses,
-)> {
-    let eh = binary.section(".eh_frame").filter(|s| !s.data.is_empty())?;
+type EhFrame<'a> = gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>;
+
+/// Calls `f` with every FDE of a binary's `.eh_frame`.
+fn for_each_fde<'a>(
+    binary: &'a Binary,
+    mut f: impl FnMut(
+        &gimli::FrameDescriptionEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>,
+        &EhFrame<'a>,
+        &gimli::BaseAddresses,
+    ),
+) {
+    use gimli::UnwindSection;
+    let Some(eh) = binary.section(".eh_frame").filter(|s| !s.data.is_empty()) else {
+        return;
+    };
     let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.addr);
     if let Some(text) = binary.section(".text") {
         bases = bases.set_text(text.addr);
@@ -619,27 +618,26 @@ fn eh_frame(
     if let Some(hdr) = binary.section(".eh_frame_hdr") {
         bases = bases.set_eh_frame_hdr(hdr.addr);
     }
-    Some((gimli::EhFrame::new(&eh.data, gimli::LittleEndian), bases))
+    let frame = gimli::EhFrame::new(&eh.data, gimli::LittleEndian);
+    let mut entries = frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        if let gimli::CieOrFde::Fde(partial) = entry {
+            if let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) {
+                f(&fde, &frame, &bases);
+            }
+        }
+    }
 }
 
 /// The code range (SVMA) of the largest function the binary's `.eh_frame` describes.
 pub fn largest_function(binary: &Binary) -> Option<(u64, u64)> {
-    use gimli::UnwindSection;
-    let (frame, bases) = eh_frame(binary)?;
-    let mut entries = frame.entries(&bases);
     let mut best: Option<(u64, u64)> = None;
-    while let Ok(Some(entry)) = entries.next() {
-        let gimli::CieOrFde::Fde(partial) = entry else {
-            continue;
-        };
-        let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) else {
-            continue;
-        };
+    for_each_fde(binary, |fde, _, _| {
         let (start, len) = (fde.initial_address(), fde.len());
         if best.is_none_or(|(s, e)| e - s < len) {
             best = Some((start, start + len));
         }
-    }
+    });
     best
 }
 

@@ -150,6 +150,21 @@ const V51: RawPucConfig = RawPucConfig {
 /// 5.4 and 5.5 Protos.
 const PROTO_54: [u32; 9] = [112, 44, 48, 64, 24, 88, 28, 96, 40];
 
+/// A 5.4 release: its rule, CIST_FRESH and CIST_TAIL, lua_State's base_ci and errorJmp,
+/// global_State's mainthread, and sizeof(lua_State).
+const fn v54(rule: u32, cist: (u32, u32), state: (u32, u32, u32), l_size: u32) -> RawPucConfig {
+    config(Offsets {
+        version: 504,
+        rule,
+        cist: (cist.0, cist.1, 2),
+        state: (10, state.0, state.1, state.2),
+        ci: (32, 62),
+        sizes: (l_size, 64, 128),
+        proto: PROTO_54,
+        strings: puc_strings::SHORT_LONG,
+    })
+}
+
 /// The layouts known, by release (measured on each release's sources; Debian's builds
 /// checked against their debug info).
 pub const RELEASES: &[Release] = &[
@@ -186,62 +201,27 @@ pub const RELEASES: &[Release] = &[
             strings: puc_strings::SHORT_LONG,
         }),
     },
-    // 5.4.0 and 5.4.1 recurse into luaV_execute for every Lua call.
+    // 5.4.0 and 5.4.1 recurse into luaV_execute for every Lua call; 5.4.1 and 5.4.2 lack
+    // tbclist.
     Release {
         minor: 4,
         patches: (0, 0),
-        abi: config(Offsets {
-            version: 504,
-            rule: puc_rule::ALL,
-            cist: (0, 16, 2),
-            state: (10, 96, 88, 256),
-            ci: (32, 62),
-            sizes: (200, 64, 128),
-            proto: PROTO_54,
-            strings: puc_strings::SHORT_LONG,
-        }),
+        abi: v54(puc_rule::ALL, (0, 16), (96, 88, 256), 200),
     },
     Release {
         minor: 4,
         patches: (1, 1),
-        abi: config(Offsets {
-            version: 504,
-            rule: puc_rule::ALL,
-            cist: (0, 16, 2),
-            state: (10, 88, 80, 264),
-            ci: (32, 62),
-            sizes: (192, 64, 128),
-            proto: PROTO_54,
-            strings: puc_strings::SHORT_LONG,
-        }),
+        abi: v54(puc_rule::ALL, (0, 16), (88, 80, 264), 192),
     },
     Release {
         minor: 4,
         patches: (2, 2),
-        abi: config(Offsets {
-            version: 504,
-            rule: puc_rule::FRESH,
-            cist: (4, 32, 2),
-            state: (10, 88, 80, 264),
-            ci: (32, 62),
-            sizes: (192, 64, 128),
-            proto: PROTO_54,
-            strings: puc_strings::SHORT_LONG,
-        }),
+        abi: v54(puc_rule::FRESH, (4, 32), (88, 80, 264), 192),
     },
     Release {
         minor: 4,
         patches: (3, 9),
-        abi: config(Offsets {
-            version: 504,
-            rule: puc_rule::FRESH,
-            cist: (4, 32, 2),
-            state: (10, 96, 88, 264),
-            ci: (32, 62),
-            sizes: (200, 64, 128),
-            proto: PROTO_54,
-            strings: puc_strings::SHORT_LONG,
-        }),
+        abi: v54(puc_rule::FRESH, (4, 32), (96, 88, 264), 200),
     },
     // 5.5: the main thread is inside global_State (g_mainthread is its offset).
     Release {

@@ -479,6 +479,48 @@ pub fn several_vms_are_told_apart(what: &str, host: PathBuf) {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A Lua VM whose layout lrec does not know, running chains.lua: lrec says so in one line
+/// (holding every one of `says`) and records native stacks only, never guessed Lua frames;
+/// lanalyze repeats the warning. The caller holds the recording lock.
+pub fn unknown_vm_is_said_once(what: &str, interpreter: &Path, says: &[&str]) {
+    let dir = tempfile_dir(what);
+    let cap = dir.join("unknown.lrec");
+    let out = Command::new(bin("lrec"))
+        .args(["-F", "499", "-o"])
+        .arg(&cap)
+        .arg("--")
+        .arg(interpreter)
+        .arg(lua_workload("chains.lua"))
+        .arg("3")
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| says.iter().all(|s| l.contains(s)))
+        .collect();
+    assert_eq!(lines.len(), 1, "lrec said: {stderr}");
+    assert!(
+        lines[0].contains("recording native stacks only"),
+        "{stderr}"
+    );
+    let (stacks, warnings) = folded(&cap, &["--offline"]);
+    let samples: u64 = stacks.iter().map(|(_, n)| n).sum();
+    assert!(samples >= 500, "only {samples} samples");
+    let lua = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|f| f.contains(".lua:")))
+        .count();
+    assert_eq!(lua, 0, "Lua frames without a known layout");
+    assert!(
+        says.iter().all(|s| warnings.contains(s)),
+        "lanalyze said: {warnings}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,6 @@
 //! and runs one VM per thread.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 
 use lrec_e2e::*;
 
@@ -177,44 +176,11 @@ fn several_vms_in_a_stripped_static_host() {
 /// never guessed Lua frames.
 #[test]
 fn an_unknown_layout_gives_one_line_and_native_stacks() {
-    let Some(_guard) = bpf_test("an_unknown_layout") else {
-        return;
-    };
-    let dir = tempfile_dir("unknown-layout");
-    let cap = dir.join("nojit.lrec");
-    let out = Command::new(bin("lrec"))
-        .args(["-F", "499", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(fixture_bin("luajit-nojit"))
-        .arg(lua_workload("chains.lua"))
-        .arg("3")
-        .stdout(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("matches none of the known ones"))
-        .collect();
-    assert_eq!(lines.len(), 1, "lrec said: {stderr}");
-    assert!(
-        lines[0].contains("recording native stacks only"),
-        "{stderr}"
-    );
-
-    let (stacks, warnings) = folded(&cap, &["--offline"]);
-    let samples: u64 = stacks.iter().map(|(_, n)| n).sum();
-    assert!(samples >= 500, "only {samples} samples");
-    let lua = stacks
-        .iter()
-        .filter(|(f, _)| f.iter().any(|f| f.contains(".lua:")))
-        .count();
-    assert_eq!(lua, 0, "Lua frames without a known layout");
-    assert!(
-        warnings.contains("matches none of the known ones"),
-        "lanalyze said: {warnings}"
-    );
-    std::fs::remove_dir_all(&dir).unwrap();
+    if let Some(_guard) = bpf_test("an_unknown_layout") {
+        unknown_vm_is_said_once(
+            "unknown-layout",
+            &fixture_bin("luajit-nojit"),
+            &["matches none of the known ones"],
+        );
+    }
 }

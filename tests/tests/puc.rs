@@ -200,39 +200,6 @@ fn an_unknown_release_gives_one_line_and_native_stacks() {
     std::fs::write(&lua, bytes).unwrap();
     std::fs::set_permissions(&lua, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 
-    let cap = dir.join("unknown.lrec");
-    let out = Command::new(bin("lrec"))
-        .args(["-F", "499", "-o"])
-        .arg(&cap)
-        .arg("--")
-        .arg(&lua)
-        .arg(lua_workload("chains.lua"))
-        .arg("3")
-        .stdout(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("Lua 5.5.8") && l.contains("does not know"))
-        .collect();
-    assert_eq!(lines.len(), 1, "lrec said: {stderr}");
-    assert!(
-        lines[0].contains("recording native stacks only"),
-        "{stderr}"
-    );
-    let (stacks, warnings) = folded(&cap, &["--offline"]);
-    let samples: u64 = stacks.iter().map(|(_, n)| n).sum();
-    assert!(samples >= 500, "only {samples} samples");
-    let lua_frames = stacks
-        .iter()
-        .filter(|(f, _)| f.iter().any(|f| f.contains(".lua:")))
-        .count();
-    assert_eq!(lua_frames, 0, "Lua frames without a known layout");
-    assert!(
-        warnings.contains("does not know"),
-        "lanalyze said: {warnings}"
-    );
+    unknown_vm_is_said_once("puc-unknown-run", &lua, &["Lua 5.5.8", "does not know"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -111,11 +111,12 @@ pub fn merge(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use lrec_format::LuaFrame;
 
-    fn native(avma: u64, sp: u64) -> CodeAddress {
+    /// A native frame at `avma` (a return address) whose stack pointer is `sp`.
+    pub(crate) fn native(avma: u64, sp: u64) -> CodeAddress {
         CodeAddress {
             avma,
             is_return: true,

@@ -128,18 +128,9 @@ pub fn merge(native: &[CodeAddress], stack: &LuaStack, execute: (u64, u64), out:
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::native;
     use super::*;
     use lrec_format::LuaFrame;
-
-    fn native(avma: u64, sp: u64) -> CodeAddress {
-        CodeAddress {
-            avma,
-            is_return: true,
-            region: None,
-            sp,
-            vm_work: false,
-        }
-    }
 
     fn lua(function: u32, fresh: bool, thread: u64) -> LuaFrame {
         LuaFrame {
