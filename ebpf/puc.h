@@ -505,7 +505,8 @@ proto_known:
 		f->link |= LREC_PUC_FRESH;
 		break;
 	}
-	if (c->cist_tail && (status & c->cist_tail))
+	if ((c->cist_tail && (status & c->cist_tail)) ||
+	    (c->ci_tailcalls && PUC_U32(w->cib, PUC_CI, c->ci_tailcalls)))
 		f->link |= LREC_PUC_TAIL;
 	w->prev_lua = 1;
 emitted:

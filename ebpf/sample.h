@@ -196,6 +196,8 @@ struct lrec_puc_config {
 	__u32 op_tailcall;
 	__u32 l_size;      /* sizeof(lua_State), sizeof(Proto): reads stop there, as the */
 	__u32 p_size;      /* heap may end right after an object */
+	__u32 ci_tailcalls; /* 5.1: ci->tailcalls (no CIST_TAIL), else 0 */
+	__u32 pad;
 };
 
 #endif

@@ -270,7 +270,14 @@ struct LuaContext<'a> {
 
 impl LuaContext<'_> {
     /// Frame `i` of `stack`, located and with its current line when asked for.
-    fn frame(&self, pid: u32, stack: &LuaStack, i: usize, space: &AddressSpace) -> UserFrame {
+    fn frame(
+        &self,
+        pid: u32,
+        stack: &LuaStack,
+        i: usize,
+        puc: bool,
+        space: &AddressSpace,
+    ) -> UserFrame {
         let f = &stack.frames[i];
         match f.kind {
             lua_frame_kind::LUA => {
@@ -283,10 +290,14 @@ impl LuaContext<'_> {
                 });
                 // Called by a Lua function (or a metamethod it triggered): the calling
                 // instruction names the callee.
-                let caller = stack
-                    .frames
-                    .get(i + 1)
-                    .filter(|c| c.kind == lua_frame_kind::LUA && luajit::called_by_lua(f.link));
+                let caller = stack.frames.get(i + 1).filter(|c| {
+                    c.kind == lua_frame_kind::LUA
+                        && if puc {
+                            lua::puc::called_by_lua(f, c)
+                        } else {
+                            luajit::called_by_lua(f.link)
+                        }
+                });
                 let called_from = caller.map(|c| (c.function, c.pos));
                 // In a trace (vmstate ≥ 0) the innermost Lua frame runs compiled code.
                 let jit = self.mark_jit && i == 0 && stack.vmstate >= 0;
@@ -386,7 +397,7 @@ fn unwind_sample(
                         .map(|m| {
                             frames.id(match *m {
                                 Merged::Native(i) => locate(space, &stack.frames[i]),
-                                Merged::Lua(i) => ctx.frame(s.pid, l, i, space),
+                                Merged::Lua(i) => ctx.frame(s.pid, l, i, puc.is_some(), space),
                                 Merged::State(name) => UserFrame::LuaState(name),
                             })
                         })

@@ -284,7 +284,7 @@ impl LuaJit {
             found: std::time::Instant::now(),
             code: vec![code],
             detection: release.map_or(Detection::Failed, Detection::Puc),
-            mem: None,
+            mem: File::open(format!("/proc/{pid}/mem")).ok(),
         };
         let mut r = runtime(pid, &p, None);
         r.vm = format!("Lua 5.{minor}.{patch}");
@@ -435,10 +435,17 @@ impl LuaJit {
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
+        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
         let read = self.copied.remove(&key).map(|c| {
             let mut p = copied_proto(&c);
             p.lines = puc::lines(&c, &rel.abi);
             p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
+            // The callees' names, from the live proto if it still is this one.
+            if let Some(code) = mem.and_then(|m| {
+                puc::read_code(m, &rel.abi, f.ptr, f.chunkname, f.firstline, f.sizebc)
+            }) {
+                p.callee_names = crate::puc_names::callee_names(&code);
+            }
             p
         });
         self.new_proto(key, read)

@@ -7,6 +7,7 @@ mod luajit_builtins;
 mod luajit_bytecode;
 mod procfs;
 mod puc;
+mod puc_names;
 mod raw;
 mod recorder;
 mod sampler;

@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 
 use lrec_format::elf;
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use crate::puc_names::Code;
 use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
 
 /// One PUC Lua release's layout.
@@ -96,6 +100,8 @@ const fn config(o: Offsets) -> RawPucConfig {
         op_tailcall: 0,
         l_size: o.sizes.0,
         p_size: o.sizes.2,
+        ci_tailcalls: 0,
+        pad: 0,
     }
 }
 
@@ -145,6 +151,8 @@ const V51: RawPucConfig = RawPucConfig {
     op_tailcall: 29,
     l_size: 184,
     p_size: 120,
+    ci_tailcalls: 36,
+    pad: 0,
 };
 
 /// 5.4 and 5.5 Protos.
@@ -272,6 +280,148 @@ pub fn find_execute(
         }
     }
     elf::largest_function(binary).map(|(s, e)| (s, e, "the largest function"))
+}
+
+/// Proto fields only names need (read by lrec, not BPF): the constants, upvalue names and
+/// local variables, and their counts.
+struct NameFields {
+    k: u64,
+    sizek: u64,
+    upvalues: u64,
+    sizeupvalues: u64,
+    locvars: u64,
+    sizelocvars: u64,
+    /// Bytes per upvalue entry: a TString* (5.1) or an Upvaldesc whose name comes first.
+    upvalue_size: u64,
+}
+
+fn name_fields(version: u32) -> NameFields {
+    let f = |k, sizek, upvalues, sizeupvalues, locvars, sizelocvars, upvalue_size| NameFields {
+        k,
+        sizek,
+        upvalues,
+        sizeupvalues,
+        locvars,
+        sizelocvars,
+        upvalue_size,
+    };
+    match version {
+        501 => f(16, 76, 56, 72, 48, 92, 8),
+        502 => f(16, 84, 56, 80, 48, 100, 16),
+        503 => f(48, 20, 88, 16, 80, 36, 16),
+        _ => f(56, 20, 80, 16, 104, 36, 16),
+    }
+}
+
+/// Most instructions, constants and variables of a proto read for names.
+const MAX_READ: u32 = 1 << 20;
+
+fn read_u64(mem: &File, addr: u64) -> Option<u64> {
+    let mut b = [0u8; 8];
+    mem.read_exact_at(&mut b, addr).ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+fn read_u32(mem: &File, addr: u64) -> Option<u32> {
+    let mut b = [0u8; 4];
+    mem.read_exact_at(&mut b, addr).ok()?;
+    Some(u32::from_le_bytes(b))
+}
+
+/// An array of `n` entries of `size` bytes at the pointer stored at `field`.
+fn read_array(mem: &File, field: u64, n: u32, size: usize) -> Option<Vec<u8>> {
+    if n > MAX_READ {
+        return None;
+    }
+    let mut b = vec![0u8; n as usize * size];
+    if n > 0 {
+        mem.read_exact_at(&mut b, read_u64(mem, field)?).ok()?;
+    }
+    Some(b)
+}
+
+/// A TString's text, as ebpf/puc.h reads it.
+fn read_string(mem: &File, abi: &RawPucConfig, s: u64) -> Option<String> {
+    if s == 0 {
+        return None;
+    }
+    let mut h = [0u8; 24];
+    mem.read_exact_at(&mut h, s).ok()?;
+    let (tt, shr) = (h[8], h[11]);
+    let lng = u64::from_le_bytes(h[16..24].try_into().ok()?);
+    let (len, text) = match abi.strings {
+        puc_strings::LEN => (lng, s + 24),
+        puc_strings::SHORT_LONG if tt & 0x30 != 0 => (lng, s + 24),
+        puc_strings::SHORT_LONG => (u64::from(shr), s + 24),
+        _ if (shr as i8) >= 0 => (u64::from(shr), s + 24),
+        _ => (lng, read_u64(mem, s + 24)?),
+    };
+    if len > 4096 {
+        return None;
+    }
+    let mut b = vec![0u8; len as usize];
+    mem.read_exact_at(&mut b, text).ok()?;
+    Some(String::from_utf8_lossy(&b).into_owned())
+}
+
+/// Reads the code and names of the proto at `pt` in the live process, if it still is the
+/// one a sample ran (same source string, first line and size).
+pub fn read_code(
+    mem: &File,
+    abi: &RawPucConfig,
+    pt: u64,
+    source: u64,
+    linedefined: i32,
+    sizecode: u32,
+) -> Option<Code> {
+    let u64_at = |off: u32| read_u64(mem, pt + u64::from(off));
+    let u32_at = |off: u64| read_u32(mem, pt + off);
+    if u64_at(abi.p_source)? != source
+        || u32_at(u64::from(abi.p_linedefined))? as i32 != linedefined
+        || u32_at(u64::from(abi.p_sizecode))? != sizecode
+    {
+        return None;
+    }
+    let nf = name_fields(abi.version);
+    let code = read_array(mem, pt + u64::from(abi.p_code), sizecode, 4)?
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    // String constants: 5.1 tags strings 4; later releases 0x44 (short) and 0x54 (long).
+    let k = read_array(mem, pt + nf.k, u32_at(nf.sizek)?, 16)?
+        .chunks_exact(16)
+        .map(|tv| {
+            let tt = tv[8];
+            let is_string = if abi.version == 501 {
+                tt == 4
+            } else {
+                tt & 0x0f == 4
+            };
+            let p = u64::from_le_bytes(tv[..8].try_into().ok()?);
+            is_string.then(|| read_string(mem, abi, p)).flatten()
+        })
+        .collect();
+    let size = nf.upvalue_size as usize;
+    let upvalues = read_array(mem, pt + nf.upvalues, u32_at(nf.sizeupvalues)?, size)?
+        .chunks_exact(size)
+        .map(|u| read_string(mem, abi, u64::from_le_bytes(u[..8].try_into().ok()?)))
+        .collect();
+    let locvars = read_array(mem, pt + nf.locvars, u32_at(nf.sizelocvars)?, 16)?
+        .chunks_exact(16)
+        .filter_map(|v| {
+            let name = read_string(mem, abi, u64::from_le_bytes(v[..8].try_into().ok()?))?;
+            let start = u32::from_le_bytes(v[8..12].try_into().ok()?);
+            let end = u32::from_le_bytes(v[12..16].try_into().ok()?);
+            Some((name, start, end))
+        })
+        .collect();
+    Some(Code {
+        version: abi.version,
+        code,
+        k,
+        upvalues,
+        locvars,
+    })
 }
 
 /// The separate debug file of a build-id under `dir`, where Debian's debug packages put

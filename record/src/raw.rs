@@ -154,6 +154,8 @@ pub struct RawPucConfig {
     pub op_tailcall: u32,
     pub l_size: u32,
     pub p_size: u32,
+    pub ci_tailcalls: u32,
+    pub pad: u32,
 }
 
 /// `lrec_puc_config.fresh_rule`.
@@ -301,7 +303,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
         assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
-        assert_eq!(size_of::<RawPucConfig>(), 42 * 4);
+        assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
         assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }

@@ -16,10 +16,17 @@
 
 use std::ops::Range;
 
-use lrec_format::{lua_frame_kind, puc_link::FRESH, LuaStack};
+use lrec_format::{lua_frame_kind, puc_link, puc_link::FRESH, LuaFrame, LuaStack};
 
 use super::Merged;
 use crate::unwind::CodeAddress;
+
+/// Whether Lua frame `f` was called by the instruction its caller `caller` (the next
+/// frame out, a Lua frame) runs: a call, or a metamethod or iterator the VM called for it.
+/// Not across coroutines, nor when a tail call dropped the real caller.
+pub fn called_by_lua(f: &LuaFrame, caller: &LuaFrame) -> bool {
+    f.cframe == caller.cframe && f.link & puc_link::TAIL == 0
+}
 
 /// One thing a coroutine's Lua stack holds, innermost first.
 #[derive(Debug, Clone, PartialEq, Eq)]
