@@ -434,7 +434,7 @@ mod tests {
         let code = Code {
             version: 501,
             code: vec![
-                5 | 2 << 6 | 0 << 14,     // GETGLOBAL R2 K0 ("hot")
+                5 | 2 << 6,               // GETGLOBAL R2 K0 ("hot")
                 abc(28, 2, 2, 1),         // CALL R2
                 abc(6, 2, 1, 1 << 8 | 1), // GETTABLE R2 R1 K1 ("run")
                 abc(28, 2, 1, 1),         // CALL R2
