@@ -1,7 +1,9 @@
 //! LuaJIT 2.1 in the target: finds the interpreter in mapped binaries, tells the build's
 //! layout by validating candidates against the live process, configures the BPF walker
 //! (ebpf/luajit.h) per process, and turns the frames it walks into capture records,
-//! writing each function prototype's names and lines once.
+//! writing each function prototype's names and lines once. The same tracker ([`LuaJit`])
+//! carries the processes that run PUC Lua, whose layout follows from their release
+//! ([`crate::puc`]): one design of Lua frames, protos and runtimes for both VMs.
 
 use std::collections::HashMap;
 use std::fs::File;
