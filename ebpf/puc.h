@@ -227,9 +227,7 @@ static __always_inline __u64 puc_resumed(struct puc_work *w, __u64 l)
 	return co;
 }
 
-/* From the root state (w->threads[0], read into w->ls), down the coroutines it
- * resumes; the innermost must run on this thread: its innermost lua_longjmp lies on this
- * stack. Returns the number of states, 0 when the chain does not run here. */
+/* One step down: the coroutine the last state found resumes. */
 static long puc_descend(__u64 i, void *unused)
 {
 	struct puc_work *w = puc_work();
@@ -260,6 +258,9 @@ static long puc_bottom(__u64 i, void *unused)
 	return 0;
 }
 
+/* From the root state (w->threads[0], read into w->ls), down the coroutines it
+ * resumes; the innermost must run on this thread: its innermost lua_longjmp lies on this
+ * stack. Returns the number of states, 0 when the chain does not run here. */
 static __always_inline __u32 puc_chain(struct puc_work *w)
 {
 	struct lrec_puc_config *c = &w->cfg;
