@@ -20,6 +20,8 @@ pub struct Job {
     /// Bytes already copied from the process (the vDSO has no file).
     pub memory: Option<std::io::Result<Vec<u8>>>,
     pub debug: DebugInfo,
+    /// Where separate debug files are (`--debug-dir`).
+    pub debug_dir: std::path::PathBuf,
 }
 
 pub struct Embedder {
@@ -83,13 +85,42 @@ fn embed(job: Job) -> Binary {
         _ => Ok(d),
     });
     match data {
-        Ok(d) => elf::binary_record(&job.entry.path, &d, job.debug),
+        Ok(d) => {
+            let mut binary = elf::binary_record(&job.entry.path, &d, job.debug);
+            add_debug_symbols(&mut binary, &job.debug_dir);
+            binary
+        }
         Err(e) => Binary {
             build_id: job.build_id,
             path: job.entry.path.clone(),
             error: Some(format!("cannot read {}: {e}", job.entry.path)),
             ..Binary::default()
         },
+    }
+}
+
+/// A stripped binary gets the symbol table of its separate debug file (Debian's `-dbg`
+/// packages, found by build-id), so that its static functions are named offline too.
+fn add_debug_symbols(binary: &mut Binary, debug_dir: &std::path::Path) {
+    if binary.section(".symtab").is_some() {
+        return;
+    }
+    let Some(id) = binary.build_id.as_deref() else {
+        return;
+    };
+    let Some(data) = crate::puc::debug_file(debug_dir, id).and_then(|p| std::fs::read(p).ok())
+    else {
+        return;
+    };
+    if elf::build_id(&data).as_deref() != Some(id) {
+        return;
+    }
+    let debug = elf::binary_record(&binary.path, &data, DebugInfo::None);
+    for name in [".symtab", ".strtab"] {
+        match debug.section(name) {
+            Some(s) if !s.data.is_empty() => binary.sections.push(s.clone()),
+            _ => return,
+        }
     }
 }
 

@@ -426,7 +426,7 @@ pub fn read_code(
 
 /// The separate debug file of a build-id under `dir`, where Debian's debug packages put
 /// it (/usr/lib/debug).
-fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
+pub fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
     let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
     if hex.len() < 3 {
         return None;

@@ -490,6 +490,7 @@ impl Recording {
             build_id: build_id.clone(),
             memory,
             debug: self.debug,
+            debug_dir: self.debug_dir.clone(),
         });
     }
 

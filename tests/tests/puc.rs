@@ -203,3 +203,36 @@ fn an_unknown_release_gives_one_line_and_native_stacks() {
     unknown_vm_is_said_once("puc-unknown-run", &lua, &["Lua 5.5.8", "does not know"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A stripped binary's separate debug file (Debian's -dbg package) names its static C
+/// functions in the capture itself: `--offline` shows `luaB_coresume`, and without the
+/// debug file the same frame is an address.
+#[test]
+fn debug_files_name_c_functions_offline() {
+    let Some(_guard) = bpf_test("debug_files_name_c_functions_offline") else {
+        return;
+    };
+    let Some(lua) = debian("5.4") else {
+        return;
+    };
+    if installed("/usr/lib/debug/.build-id", "Debian's -dbg packages").is_none() {
+        return;
+    }
+    for (lrec_args, named) in [(&[][..], true), (NO_DEBUG, false)] {
+        let (dir, cap) = record_lua(
+            "puc-offline-names",
+            &lua,
+            &[],
+            "chains.lua",
+            5,
+            2,
+            lrec_args,
+        );
+        let (stacks, _) = folded(&cap, &["--offline"]);
+        let coresume = stacks
+            .iter()
+            .any(|(f, _)| f.iter().any(|f| f == "luaB_coresume"));
+        assert_eq!(coresume, named, "with {lrec_args:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
