@@ -556,13 +556,15 @@ pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
     c
 }
 
-fn read_u64(mem: &File, addr: u64) -> Option<u64> {
+/// A little-endian u64 of the target's memory.
+pub(crate) fn read_u64(mem: &File, addr: u64) -> Option<u64> {
     let mut b = [0u8; 8];
     mem.read_exact_at(&mut b, addr).ok()?;
     Some(u64::from_le_bytes(b))
 }
 
-fn read_u32(mem: &File, addr: u64) -> Option<u32> {
+/// A little-endian u32 of the target's memory.
+pub(crate) fn read_u32(mem: &File, addr: u64) -> Option<u32> {
     let mut b = [0u8; 4];
     mem.read_exact_at(&mut b, addr).ok()?;
     Some(u32::from_le_bytes(b))

@@ -14,6 +14,7 @@ use lrec_format::elf;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::luajit::{read_u32, read_u64};
 use crate::puc_names::Code;
 use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
 
@@ -315,18 +316,6 @@ fn name_fields(version: u32) -> NameFields {
 
 /// Most instructions, constants and variables of a proto read for names.
 const MAX_READ: u32 = 1 << 20;
-
-fn read_u64(mem: &File, addr: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    mem.read_exact_at(&mut b, addr).ok()?;
-    Some(u64::from_le_bytes(b))
-}
-
-fn read_u32(mem: &File, addr: u64) -> Option<u32> {
-    let mut b = [0u8; 4];
-    mem.read_exact_at(&mut b, addr).ok()?;
-    Some(u32::from_le_bytes(b))
-}
 
 /// An array of `n` entries of `size` bytes at the pointer stored at `field`.
 fn read_array(mem: &File, field: u64, n: u32, size: usize) -> Option<Vec<u8>> {
