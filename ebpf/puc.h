@@ -520,25 +520,12 @@ emitted:
 	return 0;
 }
 
-/* The native stack's end above sp (as copy_limit bounds it, without the size cap). */
-static __always_inline __u64 puc_stack_top(__u64 sp)
-{
-	struct task_struct___lrec *task = (void *)bpf_get_current_task();
-	__u64 bounds[2] = {
-		BPF_CORE_READ(task, mm, start_stack) + LREC_BOUND_SLACK,
-		BPF_CORE_READ(task, thread.fsbase),
-	};
-	__u64 top = sp + (8 << 20);
-	for (int i = 0; i < 2; i++)
-		if (bounds[i] > sp && bounds[i] < top)
-			top = bounds[i];
-	return top;
-}
-
 /* Appends the sample's Lua stack after its stack bytes, when the thread runs a PUC Lua VM
- * of a known layout. Returns the bytes written. */
-static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r, __u32 tgid,
-				       __u32 tid, __u32 cpu, __u32 offset)
+ * of a known layout; stack_end is where this thread's stack ends above sp. Returns the
+ * bytes written. */
+static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r,
+				       __u64 stack_end, __u32 tgid, __u32 tid, __u32 cpu,
+				       __u32 offset)
 {
 	struct lrec_puc_config *cfg = bpf_map_lookup_elem(&puc_config, &tgid);
 	if (!cfg || !r->sp)
@@ -548,7 +535,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 		return 0;
 	__builtin_memcpy(&w->cfg, cfg, sizeof(*cfg));
 	w->sp = r->sp;
-	w->stack_top = puc_stack_top(r->sp);
+	w->stack_top = stack_end;
 	w->cpu = cpu;
 	w->tgid = tgid;
 	w->n = 0;

@@ -77,24 +77,27 @@ struct task_struct___lrec {
 	struct thread_struct___lrec thread;
 } __attribute__((preserve_access_index));
 
-/* Above the outermost frame a stack holds nothing an unwinder reads: the main thread's
- * initial stack continues with argc, argv, envp and auxv (mm->start_stack is where argc
- * is), and a glibc or musl thread's stack ends below its static TLS and thread control
- * block (at fsbase). Copying stops at whichever lies just above sp, with slack. */
+/* Where the thread's stack ends above sp: above the outermost frame a stack holds nothing
+ * an unwinder reads. The main thread's initial stack continues with argc, argv, envp and
+ * auxv (mm->start_stack is where argc is), and a glibc or musl thread's stack ends below
+ * its static TLS and thread control block (at fsbase): whichever lies just above sp, with
+ * slack. */
 #define LREC_BOUND_SLACK 256
 
-static __u32 copy_limit(__u64 sp)
+static __u64 stack_end(__u64 sp)
 {
 	struct task_struct___lrec *task = (void *)bpf_get_current_task();
 	__u64 bounds[2] = {
 		BPF_CORE_READ(task, mm, start_stack) + LREC_BOUND_SLACK,
 		BPF_CORE_READ(task, thread.fsbase),
 	};
-	__u32 limit = stack_size;
+	/* Neither lies above sp (a stack of its own, e.g. sigaltstack): 8 MiB, a default
+	 * thread stack. */
+	__u64 end = sp + (8 << 20);
 	for (int i = 0; i < 2; i++)
-		if (bounds[i] > sp && bounds[i] - sp < limit)
-			limit = bounds[i] - sp;
-	return limit;
+		if (bounds[i] > sp && bounds[i] < end)
+			end = bounds[i];
+	return end;
 }
 
 struct copy_ctx {
@@ -206,7 +209,12 @@ int sample(struct bpf_perf_event_data *ctx)
 	};
 
 	/* Copy the user stack page by page, stopping at the first fault. */
-	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu, .limit = copy_limit(s->regs.sp) };
+	/* Copying stops at the stack's end or after stack_size bytes; the PUC walker checks
+	 * that a Lua state runs on this stack against the same end. */
+	__u64 end = stack_end(s->regs.sp);
+	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu, .limit = stack_size };
+	if (end - s->regs.sp < stack_size)
+		c.limit = end - s->regs.sp;
 	if (!(s->flags & LREC_NO_USER_REGS) && c.sp)
 		bpf_loop(LREC_MAX_STACK / LREC_PAGE_SIZE + 1, copy_page, &c, 0);
 	if (c.faulted)
@@ -219,7 +227,7 @@ int sample(struct bpf_perf_event_data *ctx)
 	if (!(s->flags & LREC_NO_USER_REGS))
 		s->lua_len = lua_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
 	if (!(s->flags & LREC_NO_USER_REGS) && !s->lua_len)
-		s->lua_len = puc_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
+		s->lua_len = puc_stack(b, &s->regs, end, s->pid, s->tid, cpu, s->lua_offset);
 	__u32 data_len = s->lua_len ? s->lua_offset + s->lua_len : c.copied;
 	__u64 size = sizeof(struct lrec_sample) + (data_len & (LREC_DATA_SIZE - 1));
 	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes

@@ -363,12 +363,13 @@ fn unwind_sample(
             out.no_mappings = true;
         }
         Some(space) => {
+            // LuaJIT's VM frames are stepped over with a hint (its C frames); PUC Lua's
+            // luaV_execute frames unwind as any C function.
+            let puc = lua.is_some_and(|(_, _, rt)| lua::is_puc(rt));
             let mut cframes = Vec::new();
             let code = lua.map(|(_, _, rt)| [(rt.vm_start, rt.vm_end)]);
-            let puc = lua.filter(|(_, _, rt)| lua::is_puc(rt));
             let hint = match (lua, &code) {
-                _ if puc.is_some() => None,
-                (Some((l, _, _)), Some(code)) => {
+                (Some((l, _, _)), Some(code)) if !puc => {
                     lua::cframes(l, &mut cframes);
                     Some(VmHint {
                         code,
@@ -379,8 +380,8 @@ fn unwind_sample(
                 _ => None,
             };
             let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);
-            match (lua, hint) {
-                (Some((l, ctx, rt)), hint) if hint.is_some() || puc.is_some() => {
+            match lua {
+                Some((l, ctx, rt)) => {
                     let mut merged = Vec::new();
                     match hint {
                         Some(hint) => {
@@ -397,13 +398,13 @@ fn unwind_sample(
                         .map(|m| {
                             frames.id(match *m {
                                 Merged::Native(i) => locate(space, &stack.frames[i]),
-                                Merged::Lua(i) => ctx.frame(s.pid, l, i, puc.is_some(), space),
+                                Merged::Lua(i) => ctx.frame(s.pid, l, i, puc, space),
                                 Merged::State(name) => UserFrame::LuaState(name),
                             })
                         })
                         .collect();
                 }
-                _ => {
+                None => {
                     out.user = stack
                         .frames
                         .iter()

@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::thread::JoinHandle;
 
@@ -21,7 +22,7 @@ pub struct Job {
     pub memory: Option<std::io::Result<Vec<u8>>>,
     pub debug: DebugInfo,
     /// Where separate debug files are (`--debug-dir`).
-    pub debug_dir: std::path::PathBuf,
+    pub debug_dir: PathBuf,
 }
 
 pub struct Embedder {
@@ -101,15 +102,14 @@ fn embed(job: Job) -> Binary {
 
 /// A stripped binary gets the symbol table of its separate debug file (Debian's `-dbg`
 /// packages, found by build-id), so that its static functions are named offline too.
-fn add_debug_symbols(binary: &mut Binary, debug_dir: &std::path::Path) {
+fn add_debug_symbols(binary: &mut Binary, debug_dir: &Path) {
     if binary.section(".symtab").is_some() {
         return;
     }
     let Some(id) = binary.build_id.as_deref() else {
         return;
     };
-    let Some(data) = crate::puc::debug_file(debug_dir, id).and_then(|p| std::fs::read(p).ok())
-    else {
+    let Some(data) = debug_file(debug_dir, id).and_then(|p| std::fs::read(p).ok()) else {
         return;
     };
     if elf::build_id(&data).as_deref() != Some(id) {
@@ -122,6 +122,20 @@ fn add_debug_symbols(binary: &mut Binary, debug_dir: &std::path::Path) {
             _ => return,
         }
     }
+}
+
+/// The separate debug file of a build-id under `dir`, where Debian's debug packages put
+/// it (/usr/lib/debug).
+pub fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
+    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+    if hex.len() < 3 {
+        return None;
+    }
+    let p = dir
+        .join(".build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    p.exists().then_some(p)
 }
 
 /// A mapped file's bytes: through /proc while the process lives, else from its path

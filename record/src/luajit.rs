@@ -1,23 +1,19 @@
-//! LuaJIT 2.1 in the target: finds the interpreter in mapped binaries, tells the build's
-//! layout by validating candidates against the live process, configures the BPF walker
-//! (ebpf/luajit.h) per process, and turns the frames it walks into capture records,
-//! writing each function prototype's names and lines once. The same tracker ([`LuaJit`])
-//! carries the processes that run PUC Lua, whose layout follows from their release
-//! ([`crate::puc`]): one design of Lua frames, protos and runtimes for both VMs.
+//! LuaJIT 2.1 builds: their layouts (what the BPF walker, ebpf/luajit.h, reads), how a
+//! candidate layout is validated against the live process, and how a proto's names and
+//! lines are read. [`crate::lua`] tracks the processes and tells their layout.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
+use lrec_format::{LuaProto, Sample};
 
-use crate::puc;
-use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, MAX_LUA_RANGES};
+use crate::lua::{read_u32, read_u64, VmCode};
+use crate::raw::{RawLuaConfig, RawLuaFrame, MAX_LUA_RANGES};
 
 /// Samples in the interpreter that must agree on a layout before it is used.
-const VOTES_NEEDED: u32 = 3;
+pub const VOTES_NEEDED: u32 = 3;
 /// Samples in the interpreter after which an unidentified layout is given up.
-const TRIES_BEFORE_GIVING_UP: u32 = 200;
+pub const TRIES_BEFORE_GIVING_UP: u32 = 200;
 /// Longest chunk name read.
 const MAX_CHUNKNAME: usize = 4096;
 /// Most bytecode positions of a proto whose lines are read.
@@ -172,377 +168,6 @@ pub const LAYOUTS: &[Layout] = &[
     variant(GC32, "openresty-gc32", 3216, 288, 292, openresty),
 ];
 
-/// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
-/// PUC Lua's luaV_execute.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VmCode {
-    pub start: u64,
-    pub end: u64,
-    /// CFRAME_SIZE: the CFA offset of the VM's frame (LuaJIT).
-    pub cframe_size: u32,
-    /// PUC Lua: the release (minor, patch) named by the binary's version string.
-    pub release: Option<(u32, u32)>,
-    /// PUC Lua: how luaV_execute was found (see [`puc::find_execute`]).
-    pub found_by: &'static str,
-}
-
-enum Detection {
-    /// Votes per layout index.
-    Pending {
-        votes: Vec<u32>,
-        tries: u32,
-    },
-    Ready(usize),
-    Failed,
-    /// PUC Lua, whose layout follows from its release.
-    Puc(puc::Release),
-}
-
-struct ProcessVm {
-    path: String,
-    /// When the interpreter was found.
-    found: std::time::Instant,
-    code: Vec<VmCode>,
-    detection: Detection,
-    mem: Option<File>,
-}
-
-#[derive(Hash, PartialEq, Eq)]
-struct ProtoKey {
-    pid: u32,
-    ptr: u64,
-    chunkname: u64,
-    firstline: i32,
-    numline: u32,
-    sizebc: u32,
-}
-
-impl ProtoKey {
-    fn of(pid: u32, f: &RawLuaFrame) -> ProtoKey {
-        ProtoKey {
-            pid,
-            ptr: f.ptr,
-            chunkname: f.chunkname,
-            firstline: f.firstline,
-            numline: f.numline,
-            sizebc: f.sizebc,
-        }
-    }
-}
-
-/// LuaJIT state of every recorded process.
-#[derive(Default)]
-pub struct LuaJit {
-    procs: HashMap<u32, ProcessVm>,
-    protos: HashMap<ProtoKey, Option<u32>>,
-    /// Chunk names and line tables BPF copied when a sample first ran a proto.
-    copied: HashMap<ProtoKey, RawLuaProto>,
-    next_proto: u32,
-    /// BPF configurations to install: (pid, config).
-    configs: Vec<(u32, RawLuaConfig)>,
-    puc_configs: Vec<(u32, RawPucConfig)>,
-    /// Records to write before the next sample.
-    records: Vec<Record>,
-    /// One-line messages for the user.
-    pub messages: Vec<String>,
-}
-
-impl LuaJit {
-    /// Notes an interpreter mapped in `pid` (from `path`).
-    pub fn add_vm(&mut self, pid: u32, path: &str, code: VmCode) {
-        if let Some((minor, patch)) = code.release {
-            return self.add_puc(pid, path, code, minor, patch);
-        }
-        let p = self.procs.entry(pid).or_insert_with(|| ProcessVm {
-            path: path.to_string(),
-            found: std::time::Instant::now(),
-            code: Vec::new(),
-            detection: Detection::Pending {
-                votes: vec![0; LAYOUTS.len()],
-                tries: 0,
-            },
-            mem: File::open(format!("/proc/{pid}/mem")).ok(),
-        });
-        if p.code.contains(&code) || p.code.len() >= MAX_LUA_RANGES {
-            return;
-        }
-        p.code.push(code);
-        if let Detection::Ready(i) = p.detection {
-            // A second copy of the VM (another library): the walker must know it too.
-            let cfg = config(&LAYOUTS[i], &p.code);
-            self.configs.push((pid, cfg));
-        }
-    }
-
-    /// A PUC Lua interpreter: its release gives its layout at once (or none is known).
-    fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
-        if self.procs.contains_key(&pid) {
-            // One VM implementation per process: the first found.
-            return;
-        }
-        let release = puc::release(minor, patch);
-        let p = ProcessVm {
-            path: path.to_string(),
-            found: std::time::Instant::now(),
-            code: vec![code],
-            detection: release.map_or(Detection::Failed, Detection::Puc),
-            mem: File::open(format!("/proc/{pid}/mem")).ok(),
-        };
-        let mut r = runtime(pid, &p, None);
-        r.vm = format!("Lua 5.{minor}.{patch}");
-        match release {
-            Some(rel) => {
-                r.layout = format!("{} (luaV_execute by {})", rel.name(), code.found_by);
-                self.puc_configs.push((pid, rel.abi));
-            }
-            None => {
-                let msg = format!(
-                    "pid {pid}: found Lua 5.{minor}.{patch} in {path}, a release whose memory \
-                     layout lrec does not know; recording native stacks only"
-                );
-                r.error = Some(msg.clone());
-                self.messages.push(msg);
-            }
-        }
-        self.records.push(Record::LuaRuntime(r));
-        self.procs.insert(pid, p);
-    }
-
-    /// Keeps a proto BPF copied (from the `lua_protos` ring).
-    pub fn on_proto(&mut self, bytes: &[u8]) {
-        let Some(p) = RawLuaProto::decode(bytes) else {
-            return;
-        };
-        let key = ProtoKey {
-            pid: p.tgid,
-            ptr: p.ptr,
-            chunkname: p.chunkname,
-            firstline: p.firstline,
-            numline: p.numline,
-            sizebc: p.sizebc,
-        };
-        if !self.protos.contains_key(&key) {
-            self.copied.insert(key, p);
-        }
-    }
-
-    /// Whether some process's layout is still being told, in the first seconds after its
-    /// interpreter was found (a VM that does not run keeps its layout untold).
-    pub fn detecting(&self) -> bool {
-        self.procs.values().any(|p| {
-            matches!(p.detection, Detection::Pending { .. })
-                && p.found.elapsed() < std::time::Duration::from_secs(2)
-        })
-    }
-
-    /// BPF configurations that became known since the last call.
-    pub fn take_configs(&mut self) -> Vec<(u32, RawLuaConfig)> {
-        std::mem::take(&mut self.configs)
-    }
-
-    /// PUC Lua configurations that became known since the last call.
-    pub fn take_puc_configs(&mut self) -> Vec<(u32, RawPucConfig)> {
-        std::mem::take(&mut self.puc_configs)
-    }
-
-    /// Records (runtimes, protos) to write before the sample at hand.
-    pub fn take_records(&mut self) -> Vec<Record> {
-        std::mem::take(&mut self.records)
-    }
-
-    /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
-    /// frames BPF walked into a capture record.
-    pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
-        let p = self.procs.get_mut(&sample.pid)?;
-        if let Detection::Pending { .. } = p.detection {
-            self.vote(sample);
-            return None;
-        }
-        let walk = walk?;
-        let frames = match p.detection {
-            Detection::Ready(layout) => {
-                let layout = &LAYOUTS[layout];
-                walk.frames
-                    .iter()
-                    .map(|f| self.frame(f, |t, f| t.proto(sample.pid, layout, f)))
-                    .collect()
-            }
-            Detection::Puc(rel) => walk
-                .frames
-                .iter()
-                .map(|f| self.frame(f, |t, f| t.puc_proto(sample.pid, &rel, f)))
-                .collect(),
-            _ => return None,
-        };
-        Some(LuaStack {
-            pid: sample.pid,
-            tid: sample.tid,
-            time_ns: sample.time_ns,
-            vm: walk.header.g,
-            state: walk.header.l,
-            cframe: walk.header.cframe,
-            vmstate: walk.header.vmstate,
-            flags: u32::from(walk.header.flags),
-            frames,
-        })
-    }
-
-    fn frame(
-        &mut self,
-        f: &RawLuaFrame,
-        proto: impl FnOnce(&mut Self, &RawLuaFrame) -> u32,
-    ) -> LuaFrame {
-        let (kind, function, address) = match f.ffid {
-            0 => (lua_frame_kind::LUA, proto(self, f), 0),
-            1 => (lua_frame_kind::C, u32::MAX, f.ptr),
-            _ => (lua_frame_kind::BUILTIN, u32::MAX, f.ptr),
-        };
-        LuaFrame {
-            kind,
-            builtin: f.ffid,
-            link: f.link,
-            function,
-            address,
-            pos: f.pos,
-            cframe: f.cframe,
-        }
-    }
-
-    /// The id of a frame's proto, reading and writing it the first time. A proto freed
-    /// and replaced at the same address differs in its chunk name, lines or size, and
-    /// gets a new id; one that cannot be read gets `u32::MAX`.
-    fn proto(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> u32 {
-        let key = ProtoKey::of(pid, f);
-        if let Some(id) = self.protos.get(&key) {
-            return id.unwrap_or(u32::MAX);
-        }
-        // BPF's copy was taken when the sample ran the proto: it names it. The live
-        // proto adds the names of callees, if it still is the same code (its chunk name
-        // and lines may since belong to another: memory is reused after GC).
-        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
-        let live = mem.and_then(|m| read_proto(m, layout, f));
-        let read = match self.copied.remove(&key).map(|c| copied_proto(&c)) {
-            Some(copy) => Some(match live {
-                Some(l) if l.chunkname == copy.chunkname && l.lines == copy.lines => l,
-                _ => copy,
-            }),
-            None => live,
-        };
-        self.new_proto(key, read)
-    }
-
-    /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
-    fn puc_proto(&mut self, pid: u32, rel: &puc::Release, f: &RawLuaFrame) -> u32 {
-        let key = ProtoKey::of(pid, f);
-        if let Some(id) = self.protos.get(&key) {
-            return id.unwrap_or(u32::MAX);
-        }
-        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
-        let read = self.copied.remove(&key).map(|c| {
-            let mut p = copied_proto(&c);
-            p.lines = puc::lines(&c, &rel.abi);
-            p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
-            // The callees' names, from the live proto if it still is this one.
-            if let Some(code) = mem.and_then(|m| {
-                puc::read_code(m, &rel.abi, f.ptr, f.chunkname, f.firstline, f.sizebc)
-            }) {
-                p.callee_names = crate::puc_names::callee_names(&code);
-            }
-            p
-        });
-        self.new_proto(key, read)
-    }
-
-    /// Gives a proto read for `key` its id and queues its record.
-    fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
-        let id = read.map(|mut proto| {
-            let id = self.next_proto;
-            self.next_proto += 1;
-            proto.pid = key.pid;
-            proto.id = id;
-            self.records.push(Record::LuaProto(proto));
-            id
-        });
-        self.protos.insert(key, id);
-        id.unwrap_or(u32::MAX)
-    }
-
-    fn vote(&mut self, sample: &Sample) {
-        let Some(p) = self.procs.get_mut(&sample.pid) else {
-            return;
-        };
-        let ip = sample.regs.ip;
-        let in_vm = p.code.iter().any(|c| ip >= c.start && ip < c.end);
-        let Detection::Pending { votes, tries } = &mut p.detection else {
-            return;
-        };
-        let Some(mem) = &p.mem else {
-            return;
-        };
-        // Only samples in the interpreter count against a layout: a VM that never runs
-        // during the recording is not an unknown one.
-        *tries += u32::from(in_vm);
-        for (i, layout) in LAYOUTS.iter().enumerate() {
-            let by_register = validates(mem, layout, sample.regs.r14, &p.code);
-            if by_register || on_stack(mem, layout, sample, &p.code) {
-                votes[i] += 1;
-            }
-        }
-        let best = (0..votes.len()).max_by_key(|&i| votes[i]).unwrap_or(0);
-        let total: u32 = votes.iter().sum();
-        // Unanimous, or (should a stray value ever validate another layout) a 95 % majority.
-        let decided = (votes[best] >= VOTES_NEEDED && votes[best] == total)
-            || (votes[best] >= 20 * VOTES_NEEDED && votes[best] * 20 >= total * 19);
-        if decided {
-            p.detection = Detection::Ready(best);
-            let layout = &LAYOUTS[best];
-            self.configs.push((sample.pid, config(layout, &p.code)));
-            self.records
-                .push(Record::LuaRuntime(runtime(sample.pid, p, Some(layout))));
-        } else if *tries >= TRIES_BEFORE_GIVING_UP {
-            p.detection = Detection::Failed;
-            let mut r = runtime(sample.pid, p, None);
-            let msg = format!(
-                "pid {}: found a LuaJIT interpreter in {}, but its memory layout matches none \
-                 of the known ones ({}); recording native stacks only",
-                sample.pid,
-                p.path,
-                LAYOUTS
-                    .iter()
-                    .map(|l| l.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            r.error = Some(msg.clone());
-            self.messages.push(msg);
-            self.records.push(Record::LuaRuntime(r));
-        }
-    }
-}
-
-fn runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntime {
-    let code = p.code.first().copied().unwrap_or(VmCode {
-        start: 0,
-        end: 0,
-        cframe_size: 0,
-        release: None,
-        found_by: "",
-    });
-    LuaRuntime {
-        pid,
-        vm: "LuaJIT 2.1".into(),
-        layout: layout.map(|l| l.name.to_string()).unwrap_or_default(),
-        path: p.path.clone(),
-        vm_start: code.start,
-        vm_end: code.end,
-        cframe_size: code.cframe_size,
-        builtins: layout
-            .map(|l| (l.builtins)().into_iter().map(str::to_string).collect())
-            .unwrap_or_default(),
-        error: None,
-    }
-}
-
 /// The BPF walker's configuration for a layout and the interpreter ranges of a process.
 pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
     let mut c = l.abi;
@@ -554,20 +179,6 @@ pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
         c.vm_end[i] = r.end;
     }
     c
-}
-
-/// A little-endian u64 of the target's memory.
-pub(crate) fn read_u64(mem: &File, addr: u64) -> Option<u64> {
-    let mut b = [0u8; 8];
-    mem.read_exact_at(&mut b, addr).ok()?;
-    Some(u64::from_le_bytes(b))
-}
-
-/// A little-endian u32 of the target's memory.
-pub(crate) fn read_u32(mem: &File, addr: u64) -> Option<u32> {
-    let mut b = [0u8; 4];
-    mem.read_exact_at(&mut b, addr).ok()?;
-    Some(u32::from_le_bytes(b))
 }
 
 fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
@@ -582,7 +193,7 @@ fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {
 /// the dispatch table's first entry must be interpreter code, G = DISPATCH - GG_G2DISP,
 /// its current state's `glref` must lead back to G, and its `vmstate` must be a trace
 /// number or one of the LJ_VMST_* states.
-fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
+pub fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
     let disp = if l.gc64() { r14 } else { r14 & 0xffff_ffff };
     let Some(g) = disp
         .checked_sub(u64::from(l.abi.g2disp))
@@ -606,7 +217,7 @@ fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
 /// Whether the sample's stack holds a C frame of a VM of this layout (JIT-compiled code
 /// of GC32 builds keeps no DISPATCH in r14): a slot whose SAVE_L names a state whose
 /// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
-fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
+pub fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
     let cf_l = l.abi.cf_l as usize;
     let width = if l.gc64() { 8 } else { 4 };
     let stack = &sample.user_stack;
@@ -630,7 +241,7 @@ fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
 
 /// Reads a proto's chunk name and line table, checking that it still is the proto BPF
 /// saw (the same chunk name, first line, line count and size).
-fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
+pub fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
     let pt = f.ptr;
     let chunkname = read_ref(mem, l, pt + u64::from(l.abi.pt_chunkname))?;
     let firstline = read_u32(mem, pt + u64::from(l.abi.pt_firstline))? as i32;
@@ -703,21 +314,6 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
     Some(crate::luajit_bytecode::callee_names(&proto))
 }
 
-/// A proto from BPF's copy: chunk name and lines (no callee names).
-fn copied_proto(c: &RawLuaProto) -> LuaProto {
-    let name_len = (c.chunkname_len as usize).min(c.name.len());
-    let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
-    LuaProto {
-        pid: 0,
-        id: 0,
-        chunkname: String::from_utf8_lossy(&c.name[..name_len]).into_owned(),
-        firstline: c.firstline,
-        numline: c.numline,
-        lines: lines(raw, c.firstline, c.numline, c.sizebc),
-        callee_names: Vec::new(),
-    }
-}
-
 /// Bytes per lineinfo entry, and entries: a byte, halfword or word per bytecode
 /// position after the header, by the proto's line count.
 fn lineinfo_shape(numline: u32, sizebc: u32) -> (usize, usize) {
@@ -741,7 +337,7 @@ fn read_lines(mem: &File, lineinfo: u64, firstline: i32, numline: u32, sizebc: u
 /// The line of each bytecode position, as lj_debug_line computes it: the header is the
 /// first line, `sizebc` the last, and the lineinfo array `raw` holds offsets from the
 /// first line of the others. Empty when `raw` is not the whole array.
-fn lines(raw: &[u8], firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
+pub fn lines(raw: &[u8], firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> {
     let (width, n) = lineinfo_shape(numline, sizebc);
     if raw.len() != n * width {
         return Vec::new();

@@ -2,6 +2,7 @@
 
 mod embedder;
 mod kallsyms;
+mod lua;
 mod luajit;
 mod luajit_builtins;
 mod luajit_bytecode;

@@ -7,14 +7,14 @@
 //! each release's headers (offsetof). A build with another luaconf (LUA_32BITS) or
 //! patched structures (skynet's strings) is not among them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use lrec_format::elf;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use crate::luajit::{read_u32, read_u64};
+use crate::lua::{read_u32, read_u64};
 use crate::puc_names::Code;
 use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
 
@@ -271,7 +271,7 @@ pub fn find_execute(
     if let Some(debug) = binary
         .build_id
         .as_deref()
-        .and_then(|id| debug_file(debug_dir, id))
+        .and_then(|id| crate::embedder::debug_file(debug_dir, id))
     {
         if let Some((s, e)) = std::fs::read(&debug)
             .ok()
@@ -411,20 +411,6 @@ pub fn read_code(
         upvalues,
         locvars,
     })
-}
-
-/// The separate debug file of a build-id under `dir`, where Debian's debug packages put
-/// it (/usr/lib/debug).
-pub fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    if hex.len() < 3 {
-        return None;
-    }
-    let p = dir
-        .join(".build-id")
-        .join(&hex[..2])
-        .join(format!("{}.debug", &hex[2..]));
-    p.exists().then_some(p)
 }
 
 /// The source line of each instruction of a proto BPF copied (empty when its line table

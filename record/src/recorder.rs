@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
 
 use crate::embedder::{Embedder, Job};
-use crate::luajit::{LuaJit, VmCode};
+use crate::lua::{LuaVms, VmCode};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
 use crate::sampler::{Drained, Sampler, SamplerConfig};
@@ -236,14 +236,14 @@ struct Recording {
     embedded: HashSet<Vec<u8>>,
     embedder: Embedder,
     kernel_addrs: HashSet<u64>,
-    /// LuaJIT interpreters found in embedded binaries, by binary key, with the binary's
+    /// Lua interpreters found in embedded binaries, by binary key, with the binary's
     /// segments (to place them in each mapping).
     vms: HashMap<Vec<u8>, (VmCode, Vec<lrec_format::Segment>)>,
     /// Where separate debug files are (`--debug-dir`).
     debug_dir: std::path::PathBuf,
     /// Binaries already looked at for an interpreter, by key.
     vm_checked: HashSet<Vec<u8>>,
-    lua: LuaJit,
+    lua: LuaVms,
     /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s).
     kallsyms:
         Option<std::thread::JoinHandle<Result<crate::kallsyms::KallsymsTable, procfs::ProcError>>>,
@@ -268,7 +268,7 @@ impl Recording {
             kernel_addrs: HashSet::new(),
             vms: HashMap::new(),
             vm_checked: HashSet::new(),
-            lua: LuaJit::default(),
+            lua: LuaVms::default(),
             kallsyms: Some(std::thread::spawn(crate::kallsyms::KallsymsTable::load)),
             samples: 0,
             lost: 0,
@@ -543,8 +543,7 @@ impl Recording {
             start: vm.start,
             end: vm.end,
             cframe_size: vm.cframe_size,
-            release: None,
-            found_by: "",
+            ..VmCode::default()
         });
         let puc = || {
             let data = data?;
@@ -564,7 +563,7 @@ impl Recording {
         }
     }
 
-    /// Tells the LuaJIT tracker where each known interpreter is mapped.
+    /// Tells the Lua tracker where each known interpreter is mapped.
     fn place_vms(&mut self) {
         let entries = self
             .procs
