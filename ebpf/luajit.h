@@ -18,6 +18,17 @@
 #define LJ_FRAME_CP 5
 #define LJ_FRAME_PCALL 6
 #define LJ_GCT_FUNC 8 /* ~LJ_TFUNC, in GCHeader.gct */
+#define LJ_GCT_TRACE 9 /* ~LJ_TTRACE */
+/* Snapshots (lj_jit.h): entries are slot << 24 | flags | IR ref. */
+#define LJ_SNAP_FRAME 0x010000
+#define LJ_SNAP_CONT 0x020000
+#define LJ_REF_BIAS 0x8000 /* IR constants have refs below it */
+#define LJ_IRT_FUNC 8
+#define LJ_IRT_NUM 14
+/* Most snapshot map entries copied (nent ≤ 255, then the PC and GC32's frame links), and
+ * most frames inlined into a trace that are reconstructed. */
+#define LREC_JIT_MAP 512
+#define LREC_JIT_FRAMES 32
 #define LJ_GCVMASK ((1ULL << 47) - 1)
 /* Iterations of the walk: frames plus skipped dummy/vararg frames and coroutine hops. */
 #define LREC_LUA_MAX_STEPS (2 * LREC_LUA_MAX_FRAMES)
@@ -64,6 +75,23 @@ struct lua_work {
 	__u64 last_bc;      /* its bytecode */
 	__u64 last_call;    /* the last return PC read, and its call's A operand */
 	__u64 last_a;
+	/* In a trace (lua_trace): the start frame's function when the trace tail-called
+	 * (0: the one on the stack), and the link bits of the next frame walked. */
+	__u64 func0;
+	__u8 jit_link;
+	__u8 jit_bad;       /* the snapshot could not be read or is inconsistent */
+	__u16 jn;           /* frames inlined into the trace at this snapshot */
+	__u32 lo, hi;       /* binary search over the snapshots' mcode offsets */
+	__u64 ofs;          /* the sampled instruction's offset in the trace's mcode */
+	__u64 tr_ir, tr_snap;
+	__u32 fl;           /* GC32: the next frame link in the snapshot map */
+	__u32 prev_e, prev2_e; /* the two snapshot entries before the one scanned */
+	__u16 func0_ref;
+	__u16 jf_func[LREC_JIT_FRAMES]; /* IR refs of each inlined frame's function, */
+	__u16 jf_link[LREC_JIT_FRAMES]; /* its link (GC64), */
+	__u16 jf_cont[LREC_JIT_FRAMES]; /* and its caller's PC under a metamethod (GC64) */
+	__u8 tr[136];       /* the GCtrace (120 bytes at most) and slack */
+	__u32 map[LREC_JIT_MAP]; /* the snapshot's map */
 };
 
 struct {
@@ -81,6 +109,8 @@ struct lua_proto_key {
 	__u64 chunkname;
 	__u32 numline;
 	__u32 sizebc;
+	__u32 name_id;
+	__u32 pad;
 };
 
 struct {
@@ -238,6 +268,7 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(__u32 tgid,
 	struct lua_proto_key k = {
 		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
 		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+		.name_id = f->name_id,
 	};
 	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
 		return NULL;
@@ -251,6 +282,7 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(__u32 tgid,
 	p->firstline = f->firstline;
 	p->numline = f->numline;
 	p->sizebc = f->sizebc;
+	p->name_id = f->name_id;
 	p->chunkname_len = 0;
 	p->lineinfo_len = 0;
 	p->abs_len = 0;
@@ -265,6 +297,7 @@ static __always_inline void lua_proto_commit(struct lrec_lua_proto *p)
 	struct lua_proto_key k = {
 		.tgid = p->tgid, .firstline = p->firstline, .ptr = p->ptr,
 		.chunkname = p->chunkname, .numline = p->numline, .sizebc = p->sizebc,
+		.name_id = p->name_id,
 	};
 	__u32 one = 1;
 	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
@@ -293,6 +326,79 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	    !bpf_probe_read_user(p->lineinfo, n & (2 * LREC_LUA_LINEINFO - 1), (void *)li))
 		p->lineinfo_len = n;
 	lua_proto_commit(p);
+}
+
+/* Emits a frame running func, called through a link of FRAME_* type `link` (with
+ * LREC_LUA_LINK_JIT when it runs compiled code), its current position from w->pc.
+ * Returns 1 when the function cannot be read. */
+static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
+{
+	struct lrec_lua_config *c = &w->cfg;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b)
+		return 1;
+	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
+	if (w->n > 0 && func == w->last_func) {
+		/* Recursion: the function of the frame above again; its proto fields too. */
+		struct lrec_lua_frame *prev =
+			(void *)&b->data[(w->out - sizeof(*f)) & (LREC_DATA_SIZE - 1)];
+		__builtin_memcpy(f, prev, sizeof(*f));
+		f->cframe = w->cf;
+		f->link = link;
+		f->pos = ~0U;
+		if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc <= 4ULL * f->sizebc)
+			f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
+		goto emitted;
+	}
+	__u8 *fn = w->fn;
+	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
+	f->func = func;
+	f->cframe = w->cf;
+	f->ffid = fn[c->fn_ffid & 63];
+	f->link = link;
+	f->pos = ~0U;
+	f->chunkname = 0;
+	f->firstline = 0;
+	f->numline = 0;
+	f->sizebc = 0;
+	f->name_id = 0;
+	if (f->ffid == 0) {
+		__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
+		__u64 pt = bc - c->pt_size;
+		f->ptr = pt;
+		/* One read from sizebc to numline: the fields that tell protos apart. */
+		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
+		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc))) {
+			w->flags |= LREC_LUA_BROKEN;
+			return 1;
+		}
+		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
+		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
+		f->chunkname = c->gc64 ? *(__u64 *)&w->pt[o_name] : *(__u32 *)&w->pt[o_name];
+		f->firstline = *(__s32 *)&w->pt[o_line];
+		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
+		f->sizebc = *(__u32 *)&w->pt[0];
+		/* GCstr: the string's id (2.1's sid) and hash precede its length. */
+		__u64 id = rd64(f->chunkname + c->str_len - 8);
+		f->name_id = (__u32)id ^ (__u32)(id >> 32);
+		if (w->pc > bc && w->pc - bc <= 4ULL * f->sizebc)
+			f->pos = (__u32)((w->pc - bc) / 4) - 1;
+		/* Recursion repeats one proto: note it once. */
+		if (pt != w->last_pt)
+			lua_note_proto(w, f);
+		w->last_pt = pt;
+		w->last_bc = bc;
+	} else {
+		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
+	}
+	w->last_func = func;
+emitted:
+	w->out += sizeof(struct lrec_lua_frame);
+	w->n++;
+	return 0;
 }
 
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */
@@ -345,66 +451,13 @@ static long lua_step(__u64 i, void *unused)
 		w->frame -= delta;
 		return 0;
 	}
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b)
+	if (w->func0) {
+		func = w->func0;
+		w->func0 = 0;
+	}
+	if (lua_emit(w, func, typep | w->jit_link))
 		return 1;
-	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
-	if (w->n > 0 && func == w->last_func) {
-		/* Recursion: the function of the frame above again; its proto fields too. */
-		struct lrec_lua_frame *prev =
-			(void *)&b->data[(w->out - sizeof(*f)) & (LREC_DATA_SIZE - 1)];
-		__builtin_memcpy(f, prev, sizeof(*f));
-		f->cframe = w->cf;
-		f->link = typep;
-		f->pos = ~0U;
-		if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc < (1ULL << 26))
-			f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
-		goto emitted;
-	}
-	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
-		w->flags |= LREC_LUA_BROKEN;
-		return 1;
-	}
-	f->func = func;
-	f->cframe = w->cf;
-	f->ffid = fn[c->fn_ffid & 63];
-	f->link = typep;
-	f->pos = ~0U;
-	f->chunkname = 0;
-	f->firstline = 0;
-	f->numline = 0;
-	f->sizebc = 0;
-	if (f->ffid == 0) {
-		__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
-		__u64 pt = bc - c->pt_size;
-		f->ptr = pt;
-		/* One read from sizebc to numline: the fields that tell protos apart. */
-		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
-		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc))) {
-			w->flags |= LREC_LUA_BROKEN;
-			return 1;
-		}
-		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
-		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
-		f->chunkname = c->gc64 ? *(__u64 *)&w->pt[o_name] : *(__u32 *)&w->pt[o_name];
-		f->firstline = *(__s32 *)&w->pt[o_line];
-		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
-		f->sizebc = *(__u32 *)&w->pt[0];
-		if (w->pc > bc && w->pc - bc < (1ULL << 26))
-			f->pos = (__u32)((w->pc - bc) / 4) - 1;
-		/* Recursion repeats one proto: note it once. */
-		if (pt != w->last_pt)
-			lua_note_proto(w, f);
-		w->last_pt = pt;
-		w->last_bc = bc;
-	} else {
-		f->ptr = *(__u64 *)&fn[c->fn_f & 63];
-	}
-	w->last_func = func;
-emitted:
-	w->out += sizeof(struct lrec_lua_frame);
-	w->n++;
+	w->jit_link = 0;
 
 	if (type == LJ_FRAME_LUA) {
 		/* The caller runs at the return PC; the call's A operand sizes its frame (the
@@ -436,6 +489,244 @@ emitted:
 	}
 	w->frame -= delta;
 	return 0;
+}
+
+/* A trace's field at offset off (from the GCtrace copied into w->tr). */
+static __always_inline __u64 tr_u64(struct lua_work *w, __u32 off)
+{
+	return *(__u64 *)&w->tr[off & 0x7f];
+}
+
+static __always_inline __u32 tr_u32(struct lua_work *w, __u32 off)
+{
+	return *(__u32 *)&w->tr[off & 0x7f];
+}
+
+static __always_inline __u32 tr_u16(struct lua_work *w, __u32 off)
+{
+	return *(__u16 *)&w->tr[off & 0x7f];
+}
+
+/* A function constant of the trace's IR (KGC of type function), 0 if ref is not one. */
+static __always_inline __u64 ir_kfunc(struct lua_work *w, __u32 ref)
+{
+	__u8 ins[16] = {};
+	if (!ref || ref >= LJ_REF_BIAS ||
+	    bpf_probe_read_user(ins, sizeof(ins), (void *)(w->tr_ir + (__u64)ref * 8)))
+		return 0;
+	if ((ins[4] & 0x1f) != LJ_IRT_FUNC)
+		return 0;
+	return w->cfg.gc64 ? *(__u64 *)&ins[8] : *(__u32 *)&ins[0];
+}
+
+/* A 64-bit number constant of the trace's IR (GC64 frame links are kept as such). */
+static __always_inline int ir_k64(struct lua_work *w, __u32 ref, __u64 *v)
+{
+	__u8 ins[16] = {};
+	if (!ref || ref >= LJ_REF_BIAS ||
+	    bpf_probe_read_user(ins, sizeof(ins), (void *)(w->tr_ir + (__u64)ref * 8)))
+		return 0;
+	if ((ins[4] & 0x1f) != LJ_IRT_NUM)
+		return 0;
+	*v = *(__u64 *)&ins[8];
+	return 1;
+}
+
+/* One step of the rightmost binary search for the snapshot covering w->ofs, as
+ * lj_trace_unwind does: snapshot i covers mcode from its mcofs to the next one's. */
+static long trace_search(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w || w->lo >= w->hi)
+		return 1;
+	__u32 mid = (w->lo + w->hi) >> 1;
+	__u16 mcofs = 0;
+	bpf_probe_read_user(&mcofs, sizeof(mcofs), (void *)(w->tr_snap + (__u64)mid * 12 + 6));
+	if (w->ofs < mcofs)
+		w->hi = mid;
+	else
+		w->lo = mid + 1;
+	return 0;
+}
+
+/* One snapshot entry: collects the frames of the functions inlined into the trace. GC64
+ * (LJ_FR2): a frame's link slot is flagged SNAP_FRAME and holds its link as a number
+ * constant, the function is the slot below, and below that a metamethod's continuation
+ * slot (SNAP_CONT) holds the caller's PC; slot 1 flagged means the trace's start
+ * function tail-called the one in slot 0. GC32: a frame's function slot is flagged, its
+ * links follow the entries; slot 0 flagged is a tail call of the start function. */
+static long trace_entry(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w)
+		return 1;
+	__u32 e = w->map[i & (LREC_JIT_MAP - 1)];
+	__u32 slot = e >> 24;
+	__u16 ref = e & 0xffff;
+	if (e & LJ_SNAP_FRAME) {
+		__u32 p = w->prev_e, j = w->jn & (LREC_JIT_FRAMES - 1);
+		if (w->cfg.gc64 && slot == 1) {
+			if (p >> 24 == 0)
+				w->func0_ref = p & 0xffff;
+		} else if (!w->cfg.gc64 && slot == 0) {
+			w->func0_ref = ref;
+		} else if (w->jn >= LREC_JIT_FRAMES || (w->cfg.gc64 && p >> 24 != slot - 1)) {
+			w->jit_bad = 1;
+			return 1;
+		} else if (w->cfg.gc64) {
+			w->jf_func[j] = p & 0xffff;
+			w->jf_link[j] = ref;
+			__u32 q = w->prev2_e;
+			w->jf_cont[j] = (q >> 24 == slot - 2 && (q & LJ_SNAP_CONT)) ? q & 0xffff : 0;
+			w->jn++;
+		} else {
+			w->jf_func[j] = ref;
+			w->jn++;
+		}
+	}
+	w->prev2_e = w->prev_e;
+	w->prev_e = e;
+	return 0;
+}
+
+/* Emits the inlined frame i (innermost first) and moves w->pc to its caller's PC. */
+static long trace_frame(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w || i >= w->jn)
+		return 1;
+	__u32 k = (w->jn - 1 - (__u32)i) & (LREC_JIT_FRAMES - 1);
+	__u64 func = ir_kfunc(w, w->jf_func[k]);
+	__u64 link = 0, contpc = 0;
+	if (w->cfg.gc64) {
+		if (!ir_k64(w, w->jf_link[k], &link) ||
+		    ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT &&
+		     !ir_k64(w, w->jf_cont[k], &contpc)))
+			func = 0;
+	} else {
+		__u32 fl = w->fl;
+		link = w->map[fl & (LREC_JIT_MAP - 1)];
+		w->fl = fl + 1;
+		if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT) {
+			contpc = w->map[(fl + 1) & (LREC_JIT_MAP - 1)];
+			w->fl = fl + 2;
+		}
+	}
+	if (!func) {
+		/* Not specialized to one closure (a function made in a loop): not named. */
+		w->jit_bad = 1;
+		return 1;
+	}
+	if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_VARG)
+		return 0; /* a vararg function's pseudo-frame: the function's frame follows */
+	__u32 at = w->out;
+	if (lua_emit(w, func, (link & 7) | LREC_LUA_LINK_JIT)) {
+		w->jit_bad = 1;
+		return 1;
+	}
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!b)
+		return 1;
+	struct lrec_lua_frame *f = (void *)&b->data[at & (LREC_DATA_SIZE - 1)];
+	if (f->ffid == 0 && f->pos == ~0U) {
+		/* The PC is not in the function: the snapshot does not describe this state. */
+		w->jit_bad = 1;
+		return 1;
+	}
+	if ((link & 3) == LJ_FRAME_LUA)
+		w->pc = w->cfg.gc64 ? link : (__u32)link;
+	else if ((link & 7) == LJ_FRAME_CONT)
+		w->pc = contpc;
+	else
+		w->pc = 0;
+	return 0;
+}
+
+/* A sample in trace `traceno`: emits the frames of the functions inlined into the trace
+ * at the snapshot covering ip, innermost first, and leaves w->pc at the PC of the
+ * trace's start frame (at `base`, jit_base), whose walk follows. A sample that cannot be
+ * mapped keeps the start frame only, without a PC, and is flagged. */
+static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno, __u64 base)
+{
+	struct lrec_lua_config *c = &w->cfg;
+	__u32 out0 = w->out;
+	w->jit_bad = 0;
+	w->jn = 0;
+	w->func0_ref = 0;
+	w->prev_e = ~0U;
+	w->prev2_e = ~0U;
+	if (!c->j_trace)
+		goto unmapped;
+	__u64 traces = rd64(w->g + c->j_trace);
+	__u64 t = traces ? rdref(w, traces + (__u64)traceno * (c->gc64 ? 8 : 4)) : 0;
+	if (!t || bpf_probe_read_user(w->tr, 128, (void *)t))
+		goto unmapped;
+	if (w->tr[c->gc64 ? 9 : 5] != LJ_GCT_TRACE || tr_u16(w, c->tr_traceno) != traceno)
+		goto unmapped;
+	__u64 mcode = tr_u64(w, c->tr_mcode);
+	if (ip < mcode || ip - mcode >= tr_u32(w, c->tr_szmcode))
+		goto unmapped;
+	w->tr_ir = tr_u64(w, c->tr_ir);
+	w->tr_snap = tr_u64(w, c->tr_snap);
+	w->ofs = ip - mcode;
+	w->lo = 0;
+	w->hi = tr_u16(w, c->tr_nsnap);
+	bpf_loop(17, trace_search, NULL, 0);
+	if (!w->lo)
+		goto unmapped;
+	__u8 sn[12];
+	if (bpf_probe_read_user(sn, sizeof(sn), (void *)(w->tr_snap + (__u64)(w->lo - 1) * 12)))
+		goto unmapped;
+	__u32 mapofs = *(__u32 *)&sn[0], nent = sn[10];
+	__u32 nsnapmap = tr_u32(w, c->tr_nsnapmap);
+	__u32 need = nent + (c->gc64 ? 2 : 1);
+	if (mapofs >= nsnapmap || nsnapmap - mapofs < need)
+		goto unmapped;
+	__u32 len = nent + (c->gc64 ? 2 : 1 + 2 * LREC_JIT_FRAMES);
+	if (len > nsnapmap - mapofs)
+		len = nsnapmap - mapofs;
+	if (len >= LREC_JIT_MAP)
+		len = LREC_JIT_MAP - 1;
+	if (bpf_probe_read_user(w->map, (len * 4) & (LREC_JIT_MAP * 4 - 1),
+				(void *)(tr_u64(w, c->tr_snapmap) + (__u64)mapofs * 4)))
+		goto unmapped;
+	bpf_loop(nent, trace_entry, NULL, 0);
+	if (w->jit_bad)
+		goto unmapped;
+	/* The innermost frame resumes at the snapshot's PC: its current instruction, one
+	 * before a return PC (GC64 keeps the PC << 8 | base slot in two entries). */
+	__u64 pc = w->map[nent & (LREC_JIT_MAP - 1)];
+	if (c->gc64)
+		pc = (pc | (__u64)w->map[(nent + 1) & (LREC_JIT_MAP - 1)] << 32) >> 8;
+	w->pc = pc + 4;
+	w->fl = nent + 1;
+	bpf_loop(w->jn, trace_frame, NULL, 0);
+	if (w->jit_bad)
+		goto unmapped;
+	w->func0 = 0;
+	if (w->func0_ref && !(w->func0 = ir_kfunc(w, w->func0_ref)))
+		goto unmapped;
+	/* The start frame's PC must lie in its function, else the snapshot is not this
+	 * state (the trace returned below its start frame). */
+	__u64 f0 = w->func0;
+	if (!f0)
+		f0 = c->gc64 ? rd64(base - 16) & LJ_GCVMASK : rd32(base - 8);
+	__u8 *fn = w->fn;
+	if (bpf_probe_read_user(fn, 48, (void *)f0) || fn[c->fn_ffid & 63] != 0)
+		goto unmapped;
+	__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
+	if (w->pc <= bc || w->pc - bc > 4ULL * rd32(bc - c->pt_size + c->pt_sizebc))
+		goto unmapped;
+	w->flags |= LREC_LUA_JIT_MAPPED;
+	return;
+unmapped:
+	w->out = out0;
+	w->n = 0;
+	w->pc = 0;
+	w->func0 = 0;
+	w->last_pt = 0;
+	w->last_func = 0;
+	w->flags |= LREC_LUA_JIT_UNMAPPED;
 }
 
 /* Appends the sample's Lua stack after its stack bytes, when the thread runs a known
@@ -470,6 +761,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	 * L->base and the C frame's saved PC once the VM called C. */
 	__s32 vmstate = (__s32)rd32(w->g + w->cfg.g_vmstate);
 	__u64 base, pc;
+	w->func0 = 0;
+	w->jit_link = 0;
 	if (vmstate >= 0) {
 		base = rdref(w, w->g + w->cfg.g_jit_base);
 		pc = 0;
@@ -482,13 +775,20 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	}
 	__u64 stack = rdref(w, w->l + w->cfg.l_stack);
 	__u64 maxstack = rdref(w, w->l + w->cfg.l_maxstack);
+	int trace = vmstate >= 0;
 	if (base <= stack || base > maxstack || (base & 7)) {
 		base = rd64(w->l + w->cfg.l_base);
 		pc = cframe_pc(w, w->cf);
+		trace = 0;
 	}
 	__u64 l0 = w->l, cf0 = w->cf;
 	lua_start(w, w->l, stack, base, pc);
 	w->out = offset + sizeof(struct lrec_lua_stack);
+	if (trace) {
+		/* The functions inlined into the trace, then its start frame. */
+		lua_trace(w, r->ip, vmstate, base);
+		w->jit_link = LREC_LUA_LINK_JIT;
+	}
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)
 		w->flags |= LREC_LUA_TRUNCATED;

@@ -445,6 +445,7 @@ static long puc_step(__u64 i, void *unused)
 	f->cframe = w->bottom;
 	f->link = 0;
 	f->pos = ~0U;
+	f->name_id = 0;
 	if (!lua) {
 		f->ffid = 1;
 		f->ptr = v;

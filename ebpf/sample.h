@@ -46,6 +46,11 @@ struct lrec_sample {
 /* lrec_lua_stack.flags */
 #define LREC_LUA_TRUNCATED 1 /* more frames than LREC_LUA_MAX_FRAMES */
 #define LREC_LUA_BROKEN 2    /* a frame could not be read */
+#define LREC_LUA_JIT_MAPPED 4   /* in a trace: its snapshot gave the inlined frames and lines */
+#define LREC_LUA_JIT_UNMAPPED 8 /* in a trace that could not be mapped: base frame only */
+/* lrec_lua_frame.link: the frame ran as JIT-compiled code (a trace's start frame or a
+ * function inlined into the trace). */
+#define LREC_LUA_LINK_JIT 0x80
 
 /* The layout of one LuaJIT build, validated by lrec against the live process and stored
  * per process in the lua_config map. Offsets in bytes. */
@@ -77,7 +82,15 @@ struct lrec_lua_config {
 	__u32 pt_lineinfo;
 	__u32 str_len;    /* GCstr */
 	__u32 str_data;
-	__u32 pad;
+	__u32 j_trace;    /* G to jit_State.trace (the trace array), found by lrec; 0: unknown */
+	__u16 tr_nsnap;   /* GCtrace */
+	__u16 tr_ir;
+	__u16 tr_snap;
+	__u16 tr_snapmap;
+	__u16 tr_nsnapmap;
+	__u16 tr_szmcode;
+	__u16 tr_mcode;
+	__u16 tr_traceno;
 };
 
 /* Most chunk-name bytes and line-table bytes copied with a proto. */
@@ -98,7 +111,7 @@ struct lrec_lua_proto {
 	__u32 sizebc;
 	__u32 lineinfo_len;  /* bytes copied */
 	__u32 abs_len;       /* PUC Lua 5.4+: bytes of abslineinfo copied at LREC_PUC_ABS_AT */
-	__u32 pad;
+	__u32 name_id;       /* the chunk name's identity (lrec_lua_frame.name_id) */
 	__u8 name[LREC_LUA_CHUNKNAME];
 	__u8 lineinfo[LREC_LUA_LINEINFO];
 };
@@ -116,7 +129,9 @@ struct lrec_lua_frame {
 	__u32 pos;       /* current bytecode position, ~0 when unknown */
 	__u8 ffid;       /* 0 Lua, 1 C, else a fast function */
 	__u8 link;       /* FRAME_* type of this frame's link */
-	__u8 pad[6];
+	__u8 pad[2];
+	__u32 name_id;   /* LuaJIT: the chunk name's string id and hash, telling a new name
+			  * at the address of a freed one apart; 0 for PUC Lua */
 };
 
 struct lrec_lua_stack {

@@ -6,8 +6,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use lrec_format::{
-    kind, kind_bit, lua_frame_kind, sample_flags, Capture, LuaStack, Mapping, Record, RecordRef,
-    SampleRef,
+    kind, kind_bit, lua_flags, lua_frame_kind, sample_flags, Capture, LuaStack, Mapping, Record,
+    RecordRef, SampleRef, LUA_LINK_JIT,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -73,6 +73,9 @@ pub(crate) struct UnwoundSample {
     pub(crate) without_unwind_info: Vec<WithoutUnwindInfo>,
     /// The Lua VM's state (`G->vmstate`), when the sample ran in a Lua VM.
     pub(crate) vm_state: Option<i32>,
+    /// In a LuaJIT trace: whether its snapshot gave the inlined frames (`Some(true)`) or
+    /// the sample could not be mapped (`Some(false)`).
+    pub(crate) jit_mapped: Option<bool>,
 }
 
 /// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
@@ -299,8 +302,11 @@ impl LuaContext<'_> {
                         }
                 });
                 let called_from = caller.map(|c| (c.function, c.pos));
-                // In a trace (vmstate ≥ 0) the innermost Lua frame runs compiled code.
-                let jit = self.mark_jit && i == 0 && stack.vmstate >= 0;
+                // A trace's start frame and the functions inlined into it run compiled
+                // code (captures before lrec marked them: the innermost frame in a trace).
+                let jit = self.mark_jit
+                    && !puc
+                    && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
                 UserFrame::Lua {
                     pid,
                     proto: f.function,
@@ -347,6 +353,15 @@ fn unwind_sample(
         no_mappings: false,
         without_unwind_info: Vec::new(),
         vm_state: lua.map(|(l, _)| l.vmstate),
+        jit_mapped: lua.and_then(|(l, _)| {
+            if l.flags & lua_flags::JIT_MAPPED != 0 {
+                Some(true)
+            } else if l.flags & lua_flags::JIT_UNMAPPED != 0 {
+                Some(false)
+            } else {
+                None
+            }
+        }),
     };
     // The Lua VM the sample ran in, if its runtime is known.
     let lua = lua.and_then(|(l, ctx)| Some((l, ctx, ctx.meta.lua_runtimes.get(&s.pid)?)));

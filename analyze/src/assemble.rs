@@ -109,6 +109,11 @@ pub(crate) fn assemble(
                 .entry(luajit::state_name(state))
                 .or_default() += 1;
         }
+        match s.jit_mapped {
+            Some(true) => stats.jit_mapped += 1,
+            Some(false) => stats.jit_unmapped += 1,
+            None => {}
+        }
         if s.no_mappings {
             *no_mappings.entry(s.pid).or_default() += 1;
         }

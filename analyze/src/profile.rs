@@ -120,6 +120,10 @@ pub struct Stats {
     /// Samples per Lua VM state (interpreted, JIT-compiled, C, GC, JIT compiler, …),
     /// for samples taken while a Lua VM ran on the thread.
     pub vm_states: std::collections::BTreeMap<&'static str, u64>,
+    /// Samples in LuaJIT traces that their snapshot mapped to the inlined functions and
+    /// lines, and those left with the trace's base frame (unknown or flushed trace).
+    pub jit_mapped: u64,
+    pub jit_unmapped: u64,
     /// First and last sample time.
     pub first_time_ns: Option<u64>,
     pub last_time_ns: Option<u64>,

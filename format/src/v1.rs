@@ -307,7 +307,17 @@ pub mod lua_flags {
     pub const TRUNCATED: u32 = 1;
     /// A frame or proto could not be read: the stack ends early.
     pub const BROKEN: u32 = 2;
+    /// In a LuaJIT trace whose snapshot covering the sampled instruction gave the frames
+    /// of the functions inlined into the trace and the current lines.
+    pub const JIT_MAPPED: u32 = 4;
+    /// In a LuaJIT trace that could not be mapped to a snapshot (unknown, flushed, or
+    /// outside its machine code): the trace's base frame is innermost, without a line.
+    pub const JIT_UNMAPPED: u32 = 8;
 }
+
+/// [`LuaFrame::link`] bit (LuaJIT): the frame ran as JIT-compiled code, the start frame of
+/// a trace or a function inlined into it. The low bits stay the link's FRAME_* type.
+pub const LUA_LINK_JIT: u8 = 0x80;
 
 /// What a [`LuaFrame`] runs.
 pub mod lua_frame_kind {

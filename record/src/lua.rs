@@ -48,6 +48,10 @@ struct ProcessVm {
     code: Vec<VmCode>,
     detection: Detection,
     mem: Option<File>,
+    /// LuaJIT: where the trace array lies from G, once found ([`luajit::find_trace_array`]),
+    /// and the samples in traces that looked for it.
+    j_trace: Option<u32>,
+    trace_tries: u32,
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -58,6 +62,7 @@ struct ProtoKey {
     firstline: i32,
     numline: u32,
     sizebc: u32,
+    name_id: u32,
 }
 
 impl ProtoKey {
@@ -69,6 +74,7 @@ impl ProtoKey {
             firstline: f.firstline,
             numline: f.numline,
             sizebc: f.sizebc,
+            name_id: f.name_id,
         }
     }
 }
@@ -105,6 +111,8 @@ impl LuaVms {
                 tries: 0,
             },
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
+            j_trace: None,
+            trace_tries: 0,
         });
         if p.code.contains(&code) || p.code.len() >= MAX_LUA_RANGES {
             return;
@@ -112,8 +120,7 @@ impl LuaVms {
         p.code.push(code);
         if let Detection::Ready(i) = p.detection {
             // A second copy of the VM (another library): the walker must know it too.
-            let cfg = luajit::config(&LAYOUTS[i], &p.code);
-            self.configs.push((pid, cfg));
+            self.configs.push((pid, p.config(&LAYOUTS[i])));
         }
     }
 
@@ -130,6 +137,8 @@ impl LuaVms {
             code: vec![code],
             detection: release.map_or(Detection::Failed, Detection::Puc),
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
+            j_trace: None,
+            trace_tries: 0,
         };
         let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
         match release {
@@ -162,6 +171,7 @@ impl LuaVms {
             firstline: p.firstline,
             numline: p.numline,
             sizebc: p.sizebc,
+            name_id: p.name_id,
         };
         if !self.protos.contains_key(&key) {
             self.copied.insert(key, p);
@@ -172,8 +182,13 @@ impl LuaVms {
     /// interpreter was found (a VM that does not run keeps its layout untold).
     pub fn detecting(&self) -> bool {
         self.procs.values().any(|p| {
-            matches!(p.detection, Detection::Pending { .. })
-                && p.found.elapsed() < std::time::Duration::from_secs(2)
+            let telling = match p.detection {
+                Detection::Pending { .. } => true,
+                // The trace array, looked for from the first samples in traces.
+                Detection::Ready(_) => p.j_trace.is_none() && p.trace_tries < luajit::TRACE_TRIES,
+                _ => false,
+            };
+            telling && p.found.elapsed() < std::time::Duration::from_secs(2)
         })
     }
 
@@ -204,6 +219,9 @@ impl LuaVms {
         let frames = match p.detection {
             Detection::Ready(layout) => {
                 let layout = &LAYOUTS[layout];
+                if walk.header.vmstate > 0 && p.j_trace.is_none() {
+                    self.find_traces(sample.pid, layout, &walk);
+                }
                 walk.frames
                     .iter()
                     .map(|f| self.frame(f, |t, f| t.proto(sample.pid, layout, f)))
@@ -312,6 +330,32 @@ impl LuaVms {
         id.unwrap_or(u32::MAX)
     }
 
+    /// Looks for a LuaJIT VM's trace array, from a sample in a trace: until it is found,
+    /// samples in traces keep their trace's base frame.
+    fn find_traces(&mut self, pid: u32, layout: &Layout, walk: &LuaWalk) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        if p.trace_tries >= luajit::TRACE_TRIES {
+            return;
+        }
+        p.trace_tries += 1;
+        let traceno = walk.header.vmstate as u32;
+        let found = p
+            .mem
+            .as_ref()
+            .and_then(|m| luajit::find_trace_array(m, layout, walk.header.g, traceno));
+        if let Some(off) = found {
+            p.j_trace = Some(off);
+            self.configs.push((pid, p.config(layout)));
+        } else if p.trace_tries == luajit::TRACE_TRIES {
+            self.messages.push(format!(
+                "pid {pid}: the LuaJIT VM's trace array was not found; samples in \
+                 JIT-compiled code keep their trace's start frame, without inlined functions"
+            ));
+        }
+    }
+
     fn vote(&mut self, sample: &Sample) {
         let Some(p) = self.procs.get_mut(&sample.pid) else {
             return;
@@ -341,8 +385,7 @@ impl LuaVms {
         if decided {
             p.detection = Detection::Ready(best);
             let layout = &LAYOUTS[best];
-            self.configs
-                .push((sample.pid, luajit::config(layout, &p.code)));
+            self.configs.push((sample.pid, p.config(layout)));
             self.records.push(Record::LuaRuntime(luajit_runtime(
                 sample.pid,
                 p,
@@ -366,6 +409,15 @@ impl LuaVms {
             self.messages.push(msg);
             self.records.push(Record::LuaRuntime(r));
         }
+    }
+}
+
+impl ProcessVm {
+    /// The BPF walker's configuration of a LuaJIT VM of this layout.
+    fn config(&self, layout: &Layout) -> RawLuaConfig {
+        let mut c = luajit::config(layout, &self.code);
+        c.j_trace = self.j_trace.unwrap_or(0);
+        c
     }
 }
 

@@ -72,7 +72,16 @@ const GC64: Layout = Layout {
         pt_lineinfo: 80,
         str_len: 20,
         str_data: 24,
-        pad: 0,
+        // GCtrace (lj_jit.h), the same in OpenResty's fork; J->trace is found per process.
+        j_trace: 0,
+        tr_nsnap: 10,
+        tr_ir: 32,
+        tr_snap: 48,
+        tr_snapmap: 56,
+        tr_nsnapmap: 44,
+        tr_szmcode: 84,
+        tr_mcode: 88,
+        tr_traceno: 104,
     },
     pt_k: 32,
     pt_sizept: 56,
@@ -111,7 +120,15 @@ const GC32: Layout = Layout {
         pt_lineinfo: 52,
         str_len: 16,
         str_data: 20,
-        pad: 0,
+        j_trace: 0,
+        tr_nsnap: 6,
+        tr_ir: 16,
+        tr_snap: 32,
+        tr_snapmap: 40,
+        tr_nsnapmap: 28,
+        tr_szmcode: 60,
+        tr_mcode: 64,
+        tr_traceno: 80,
     },
     pt_k: 16,
     pt_sizept: 32,
@@ -179,6 +196,40 @@ pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
         c.vm_end[i] = r.end;
     }
     c
+}
+
+/// Samples in traces after which a trace array that was not found is given up.
+pub const TRACE_TRIES: u32 = 50;
+
+/// Where `jit_State.trace`, the array of traces, lies from G: jit_State follows G in the
+/// VM's block (GG_State) before the dispatch table, at an offset that depends on the
+/// build, so the word is searched for there. It must be followed by `freetrace` and
+/// `sizetrace`, and its entry `traceno` (a trace the VM ran) must be a GCtrace with that
+/// number.
+pub fn find_trace_array(mem: &File, l: &Layout, g: u64, traceno: u32) -> Option<u32> {
+    let mut block = vec![0u8; l.abi.g2disp as usize];
+    mem.read_exact_at(&mut block, g).ok()?;
+    let word = |at: usize| u64::from_le_bytes(block[at..at + 8].try_into().unwrap());
+    let refsize = if l.gc64() { 8 } else { 4 };
+    (0..block.len().saturating_sub(16))
+        .step_by(8)
+        .find(|&at| {
+            let array = word(at);
+            let sizetrace = word(at + 8) >> 32;
+            if array == 0 || array % 4 != 0 || u64::from(traceno) >= sizetrace {
+                return false;
+            }
+            let Some(t) = read_ref(mem, l, array + u64::from(traceno) * refsize) else {
+                return false;
+            };
+            let mut hdr = [0u8; 128];
+            t != 0
+                && mem.read_exact_at(&mut hdr, t).is_ok()
+                && hdr[if l.gc64() { 9 } else { 5 }] == 9 // ~LJ_TTRACE
+                && u16::from_le_bytes(hdr[l.abi.tr_traceno as usize..][..2].try_into().unwrap())
+                    == traceno as u16
+        })
+        .map(|at| at as u32)
 }
 
 fn read_ref(mem: &File, l: &Layout, addr: u64) -> Option<u64> {

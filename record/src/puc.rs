@@ -472,7 +472,7 @@ mod tests {
             sizebc,
             lineinfo_len: lineinfo.len() as u32,
             abs_len: (abs.len() * 8) as u32,
-            pad: 0,
+            name_id: 0,
             name: [0; crate::raw::LUA_CHUNKNAME],
             lineinfo: [0; LUA_LINEINFO],
         };

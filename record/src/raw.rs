@@ -62,7 +62,9 @@ pub struct RawLuaFrame {
     pub pos: u32,
     pub ffid: u8,
     pub link: u8,
-    pub pad: [u8; 6],
+    pub pad: [u8; 2],
+    /// LuaJIT: the chunk name's string id and hash (a new name at a freed one's address).
+    pub name_id: u32,
 }
 
 /// `struct lrec_lua_config`: a LuaJIT layout, written into the `lua_config` map.
@@ -96,7 +98,15 @@ pub struct RawLuaConfig {
     pub pt_lineinfo: u32,
     pub str_len: u32,
     pub str_data: u32,
-    pub pad: u32,
+    pub j_trace: u32,
+    pub tr_nsnap: u16,
+    pub tr_ir: u16,
+    pub tr_snap: u16,
+    pub tr_snapmap: u16,
+    pub tr_nsnapmap: u16,
+    pub tr_szmcode: u16,
+    pub tr_mcode: u16,
+    pub tr_traceno: u16,
 }
 
 pub const LUA_CHUNKNAME: usize = 512;
@@ -187,7 +197,7 @@ pub struct RawLuaProto {
     pub lineinfo_len: u32,
     /// PUC Lua 5.4+: bytes of `abslineinfo` copied at [`PUC_ABS_AT`] in `lineinfo`.
     pub abs_len: u32,
-    pub pad: u32,
+    pub name_id: u32,
     pub name: [u8; LUA_CHUNKNAME],
     pub lineinfo: [u8; LUA_LINEINFO],
 }
@@ -207,6 +217,9 @@ pub const MAX_LUA_RANGES: usize = 4;
 // The Lua flag bits are the format's too.
 const _: () = assert!(lrec_format::lua_flags::TRUNCATED == 1);
 const _: () = assert!(lrec_format::lua_flags::BROKEN == 2);
+const _: () = assert!(lrec_format::lua_flags::JIT_MAPPED == 4);
+const _: () = assert!(lrec_format::lua_flags::JIT_UNMAPPED == 8);
+const _: () = assert!(lrec_format::LUA_LINK_JIT == 0x80);
 
 /// A sample's Lua stack as BPF walked it.
 #[derive(Debug, Clone, Default)]
@@ -301,7 +314,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);

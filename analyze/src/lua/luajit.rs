@@ -28,7 +28,8 @@ pub fn state_frame(vmstate: i32) -> Option<&'static str> {
 /// function's instruction: a Lua frame (its link is the return PC, so only the low 2 bits
 /// are the type) or a continuation frame (a metamethod the VM called).
 pub fn called_by_lua(link: u8) -> bool {
-    link & 3 == 0 || link == 2
+    let typep = link & 7;
+    typep & 3 == 0 || typep == 2
 }
 
 /// The longest chunk label derived from source text, as LUA_IDSIZE bounds short_src.

@@ -63,6 +63,18 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     if !s.vm_states.is_empty() {
         writeln!(out, "  Lua VM state:  {}", vm_states(profile))?;
     }
+    let jit = s.jit_mapped + s.jit_unmapped;
+    if jit > 0 {
+        writeln!(
+            out,
+            "  in traces:     {} mapped to their snapshot (inlined functions, lines){}, {} \
+             not mapped (trace's base frame only){}",
+            s.jit_mapped,
+            percent(s.jit_mapped, jit),
+            s.jit_unmapped,
+            percent(s.jit_unmapped, jit)
+        )?;
+    }
     if !profile.lua_vms.is_empty() {
         writeln!(out)?;
         writeln!(out, "Lua VMs ({})", profile.lua_vms.len())?;
