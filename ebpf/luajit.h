@@ -507,14 +507,21 @@ static __always_inline __u32 tr_u16(struct lua_work *w, __u32 off)
 	return *(__u16 *)&w->tr[off & 0x7f];
 }
 
-/* A function constant of the trace's IR (KGC of type function), 0 if ref is not one. */
+/* Reads the trace's IR constant `ref` into ins (16 bytes: a 64-bit payload follows its
+ * instruction); 0 unless it is one of IR type irt. */
+static __always_inline int ir_const(struct lua_work *w, __u32 ref, __u8 irt, __u8 *ins)
+{
+	if (!ref || ref >= LJ_REF_BIAS ||
+	    bpf_probe_read_user(ins, 16, (void *)(w->tr_ir + (__u64)ref * 8)))
+		return 0;
+	return (ins[4] & 0x1f) == irt;
+}
+
+/* A function constant of the trace's IR (KGC), 0 if ref is not one. */
 static __always_inline __u64 ir_kfunc(struct lua_work *w, __u32 ref)
 {
 	__u8 ins[16] = {};
-	if (!ref || ref >= LJ_REF_BIAS ||
-	    bpf_probe_read_user(ins, sizeof(ins), (void *)(w->tr_ir + (__u64)ref * 8)))
-		return 0;
-	if ((ins[4] & 0x1f) != LJ_IRT_FUNC)
+	if (!ir_const(w, ref, LJ_IRT_FUNC, ins))
 		return 0;
 	return w->cfg.gc64 ? *(__u64 *)&ins[8] : *(__u32 *)&ins[0];
 }
@@ -523,10 +530,7 @@ static __always_inline __u64 ir_kfunc(struct lua_work *w, __u32 ref)
 static __always_inline int ir_k64(struct lua_work *w, __u32 ref, __u64 *v)
 {
 	__u8 ins[16] = {};
-	if (!ref || ref >= LJ_REF_BIAS ||
-	    bpf_probe_read_user(ins, sizeof(ins), (void *)(w->tr_ir + (__u64)ref * 8)))
-		return 0;
-	if ((ins[4] & 0x1f) != LJ_IRT_NUM)
+	if (!ir_const(w, ref, LJ_IRT_NUM, ins))
 		return 0;
 	*v = *(__u64 *)&ins[8];
 	return 1;
