@@ -18,13 +18,6 @@
 #define LJ_FRAME_CP 5
 #define LJ_FRAME_PCALL 6
 #define LJ_GCT_FUNC 8 /* ~LJ_TFUNC, in GCHeader.gct */
-#define LJ_GCT_TRACE 9 /* ~LJ_TTRACE */
-/* Snapshots (lj_jit.h): entries are slot << 24 | flags | IR ref. */
-#define LJ_SNAP_FRAME 0x010000
-#define LJ_SNAP_CONT 0x020000
-#define LJ_REF_BIAS 0x8000 /* IR constants have refs below it */
-#define LJ_IRT_FUNC 8
-#define LJ_IRT_NUM 14
 /* Most snapshot map entries copied (nent ≤ 255, then the PC and GC32's frame links), and
  * most frames inlined into a trace that are reconstructed. */
 #define LREC_JIT_MAP 512
@@ -75,6 +68,9 @@ struct lua_work {
 	__u64 last_bc;      /* its bytecode */
 	__u64 last_call;    /* the last return PC read, and its call's A operand */
 	__u64 last_a;
+	__u64 last_name;    /* the last chunk name read, and its identity */
+	__u32 last_name_id;
+	__u32 pad2;
 	/* In a trace (lua_trace): the start frame's function when the trace tail-called
 	 * (0: the one on the stack), and the link bits of the next frame walked. */
 	__u64 func0;
@@ -381,9 +377,14 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		f->firstline = *(__s32 *)&w->pt[o_line];
 		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
 		f->sizebc = *(__u32 *)&w->pt[0];
-		/* GCstr: the string's id (2.1's sid) and hash precede its length. */
-		__u64 id = rd64(f->chunkname + c->str_len - 8);
-		f->name_id = (__u32)id ^ (__u32)(id >> 32);
+		/* GCstr: the string's id (2.1's sid) and hash precede its length; the
+		 * frames of one chunk share it (read once per sample). */
+		if (f->chunkname != w->last_name) {
+			__u64 id = rd64(f->chunkname + c->str_len - 8);
+			w->last_name = f->chunkname;
+			w->last_name_id = (__u32)id ^ (__u32)(id >> 32);
+		}
+		f->name_id = w->last_name_id;
 		if (w->pc > bc && w->pc - bc <= 4ULL * f->sizebc)
 			f->pos = (__u32)((w->pc - bc) / 4) - 1;
 		/* Recursion repeats one proto: note it once. */
@@ -491,247 +492,7 @@ static long lua_step(__u64 i, void *unused)
 	return 0;
 }
 
-/* A trace's field at offset off (from the GCtrace copied into w->tr). */
-static __always_inline __u64 tr_u64(struct lua_work *w, __u32 off)
-{
-	return *(__u64 *)&w->tr[off & 0x7f];
-}
-
-static __always_inline __u32 tr_u32(struct lua_work *w, __u32 off)
-{
-	return *(__u32 *)&w->tr[off & 0x7f];
-}
-
-static __always_inline __u32 tr_u16(struct lua_work *w, __u32 off)
-{
-	return *(__u16 *)&w->tr[off & 0x7f];
-}
-
-/* Reads the trace's IR constant `ref` into ins (16 bytes: a 64-bit payload follows its
- * instruction); 0 unless it is one of IR type irt. */
-static __always_inline int ir_const(struct lua_work *w, __u32 ref, __u8 irt, __u8 *ins)
-{
-	if (!ref || ref >= LJ_REF_BIAS ||
-	    bpf_probe_read_user(ins, 16, (void *)(w->tr_ir + (__u64)ref * 8)))
-		return 0;
-	return (ins[4] & 0x1f) == irt;
-}
-
-/* A function constant of the trace's IR (KGC), 0 if ref is not one. */
-static __always_inline __u64 ir_kfunc(struct lua_work *w, __u32 ref)
-{
-	__u8 ins[16] = {};
-	if (!ir_const(w, ref, LJ_IRT_FUNC, ins))
-		return 0;
-	return w->cfg.gc64 ? *(__u64 *)&ins[8] : *(__u32 *)&ins[0];
-}
-
-/* A 64-bit number constant of the trace's IR (GC64 frame links are kept as such). */
-static __always_inline int ir_k64(struct lua_work *w, __u32 ref, __u64 *v)
-{
-	__u8 ins[16] = {};
-	if (!ir_const(w, ref, LJ_IRT_NUM, ins))
-		return 0;
-	*v = *(__u64 *)&ins[8];
-	return 1;
-}
-
-/* One step of the rightmost binary search for the snapshot covering w->ofs, as
- * lj_trace_unwind does: snapshot i covers mcode from its mcofs to the next one's. */
-static long trace_search(__u64 i, void *unused)
-{
-	struct lua_work *w = lua_work();
-	if (!w || w->lo >= w->hi)
-		return 1;
-	__u32 mid = (w->lo + w->hi) >> 1;
-	__u16 mcofs = 0;
-	bpf_probe_read_user(&mcofs, sizeof(mcofs), (void *)(w->tr_snap + (__u64)mid * 12 + 6));
-	if (w->ofs < mcofs)
-		w->hi = mid;
-	else
-		w->lo = mid + 1;
-	return 0;
-}
-
-/* One snapshot entry: collects the frames of the functions inlined into the trace. GC64
- * (LJ_FR2): a frame's link slot is flagged SNAP_FRAME and holds its link as a number
- * constant, the function is the slot below, and below that a metamethod's continuation
- * slot (SNAP_CONT) holds the caller's PC; slot 1 flagged means the trace's start
- * function tail-called the one in slot 0. GC32: a frame's function slot is flagged, its
- * links follow the entries; slot 0 flagged is a tail call of the start function. */
-static long trace_entry(__u64 i, void *unused)
-{
-	struct lua_work *w = lua_work();
-	if (!w)
-		return 1;
-	__u32 e = w->map[i & (LREC_JIT_MAP - 1)];
-	__u32 slot = e >> 24;
-	__u16 ref = e & 0xffff;
-	if (e & LJ_SNAP_FRAME) {
-		__u32 p = w->prev_e, j = w->jn & (LREC_JIT_FRAMES - 1);
-		if (w->cfg.gc64 && slot == 1) {
-			if (p >> 24 == 0)
-				w->func0_ref = p & 0xffff;
-		} else if (!w->cfg.gc64 && slot == 0) {
-			w->func0_ref = ref;
-		} else if (w->jn >= LREC_JIT_FRAMES || (w->cfg.gc64 && p >> 24 != slot - 1)) {
-			w->jit_bad = 1;
-			return 1;
-		} else if (w->cfg.gc64) {
-			w->jf_func[j] = p & 0xffff;
-			w->jf_link[j] = ref;
-			__u32 q = w->prev2_e;
-			w->jf_cont[j] = (q >> 24 == slot - 2 && (q & LJ_SNAP_CONT)) ? q & 0xffff : 0;
-			w->jn++;
-		} else {
-			w->jf_func[j] = ref;
-			w->jn++;
-		}
-	}
-	w->prev2_e = w->prev_e;
-	w->prev_e = e;
-	return 0;
-}
-
-/* Emits the inlined frame i (innermost first) and moves w->pc to its caller's PC. */
-static long trace_frame(__u64 i, void *unused)
-{
-	struct lua_work *w = lua_work();
-	if (!w || i >= w->jn)
-		return 1;
-	__u32 k = (w->jn - 1 - (__u32)i) & (LREC_JIT_FRAMES - 1);
-	__u64 func = ir_kfunc(w, w->jf_func[k]);
-	__u64 link = 0, contpc = 0;
-	if (w->cfg.gc64) {
-		if (!ir_k64(w, w->jf_link[k], &link) ||
-		    ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT &&
-		     !ir_k64(w, w->jf_cont[k], &contpc)))
-			func = 0;
-	} else {
-		__u32 fl = w->fl;
-		link = w->map[fl & (LREC_JIT_MAP - 1)];
-		w->fl = fl + 1;
-		if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT) {
-			contpc = w->map[(fl + 1) & (LREC_JIT_MAP - 1)];
-			w->fl = fl + 2;
-		}
-	}
-	if (!func) {
-		/* Not specialized to one closure (a function made in a loop): not named. */
-		w->jit_bad = 1;
-		return 1;
-	}
-	if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_VARG)
-		return 0; /* a vararg function's pseudo-frame: the function's frame follows */
-	__u32 at = w->out;
-	if (lua_emit(w, func, (link & 7) | LREC_LUA_LINK_JIT)) {
-		w->jit_bad = 1;
-		return 1;
-	}
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b)
-		return 1;
-	struct lrec_lua_frame *f = (void *)&b->data[at & (LREC_DATA_SIZE - 1)];
-	if (f->ffid == 0 && f->pos == ~0U) {
-		/* The PC is not in the function: the snapshot does not describe this state. */
-		w->jit_bad = 1;
-		return 1;
-	}
-	if ((link & 3) == LJ_FRAME_LUA)
-		w->pc = w->cfg.gc64 ? link : (__u32)link;
-	else if ((link & 7) == LJ_FRAME_CONT)
-		w->pc = contpc;
-	else
-		w->pc = 0;
-	return 0;
-}
-
-/* A sample in trace `traceno`: emits the frames of the functions inlined into the trace
- * at the snapshot covering ip, innermost first, and leaves w->pc at the PC of the
- * trace's start frame (at `base`, jit_base), whose walk follows. A sample that cannot be
- * mapped keeps the start frame only, without a PC, and is flagged. */
-static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno, __u64 base)
-{
-	struct lrec_lua_config *c = &w->cfg;
-	__u32 out0 = w->out;
-	w->jit_bad = 0;
-	w->jn = 0;
-	w->func0_ref = 0;
-	w->prev_e = ~0U;
-	w->prev2_e = ~0U;
-	if (!c->j_trace)
-		goto unmapped;
-	__u64 traces = rd64(w->g + c->j_trace);
-	__u64 t = traces ? rdref(w, traces + (__u64)traceno * (c->gc64 ? 8 : 4)) : 0;
-	if (!t || bpf_probe_read_user(w->tr, 128, (void *)t))
-		goto unmapped;
-	if (w->tr[c->gc64 ? 9 : 5] != LJ_GCT_TRACE || tr_u16(w, c->tr_traceno) != traceno)
-		goto unmapped;
-	__u64 mcode = tr_u64(w, c->tr_mcode);
-	if (ip < mcode || ip - mcode >= tr_u32(w, c->tr_szmcode))
-		goto unmapped;
-	w->tr_ir = tr_u64(w, c->tr_ir);
-	w->tr_snap = tr_u64(w, c->tr_snap);
-	w->ofs = ip - mcode;
-	w->lo = 0;
-	w->hi = tr_u16(w, c->tr_nsnap);
-	bpf_loop(17, trace_search, NULL, 0);
-	if (!w->lo)
-		goto unmapped;
-	__u8 sn[12];
-	if (bpf_probe_read_user(sn, sizeof(sn), (void *)(w->tr_snap + (__u64)(w->lo - 1) * 12)))
-		goto unmapped;
-	__u32 mapofs = *(__u32 *)&sn[0], nent = sn[10];
-	__u32 nsnapmap = tr_u32(w, c->tr_nsnapmap);
-	__u32 need = nent + (c->gc64 ? 2 : 1);
-	if (mapofs >= nsnapmap || nsnapmap - mapofs < need)
-		goto unmapped;
-	__u32 len = nent + (c->gc64 ? 2 : 1 + 2 * LREC_JIT_FRAMES);
-	if (len > nsnapmap - mapofs)
-		len = nsnapmap - mapofs;
-	if (len >= LREC_JIT_MAP)
-		len = LREC_JIT_MAP - 1;
-	if (bpf_probe_read_user(w->map, (len * 4) & (LREC_JIT_MAP * 4 - 1),
-				(void *)(tr_u64(w, c->tr_snapmap) + (__u64)mapofs * 4)))
-		goto unmapped;
-	bpf_loop(nent, trace_entry, NULL, 0);
-	if (w->jit_bad)
-		goto unmapped;
-	/* The innermost frame resumes at the snapshot's PC: its current instruction, one
-	 * before a return PC (GC64 keeps the PC << 8 | base slot in two entries). */
-	__u64 pc = w->map[nent & (LREC_JIT_MAP - 1)];
-	if (c->gc64)
-		pc = (pc | (__u64)w->map[(nent + 1) & (LREC_JIT_MAP - 1)] << 32) >> 8;
-	w->pc = pc + 4;
-	w->fl = nent + 1;
-	bpf_loop(w->jn, trace_frame, NULL, 0);
-	if (w->jit_bad)
-		goto unmapped;
-	w->func0 = 0;
-	if (w->func0_ref && !(w->func0 = ir_kfunc(w, w->func0_ref)))
-		goto unmapped;
-	/* The start frame's PC must lie in its function, else the snapshot is not this
-	 * state (the trace returned below its start frame). */
-	__u64 f0 = w->func0;
-	if (!f0)
-		f0 = c->gc64 ? rd64(base - 16) & LJ_GCVMASK : rd32(base - 8);
-	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 48, (void *)f0) || fn[c->fn_ffid & 63] != 0)
-		goto unmapped;
-	__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
-	if (w->pc <= bc || w->pc - bc > 4ULL * rd32(bc - c->pt_size + c->pt_sizebc))
-		goto unmapped;
-	w->flags |= LREC_LUA_JIT_MAPPED;
-	return;
-unmapped:
-	w->out = out0;
-	w->n = 0;
-	w->pc = 0;
-	w->func0 = 0;
-	w->last_pt = 0;
-	w->last_func = 0;
-	w->flags |= LREC_LUA_JIT_UNMAPPED;
-}
+#include "luajit_trace.h"
 
 /* Appends the sample's Lua stack after its stack bytes, when the thread runs a known
  * LuaJIT VM. Returns the bytes written. */
@@ -756,6 +517,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_pt = 0;
 	w->last_func = 0;
 	w->last_call = 0;
+	w->last_name = 0;
 	if (!lua_find(w, r, tid))
 		return 0;
 	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);
