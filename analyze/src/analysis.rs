@@ -36,14 +36,14 @@ pub(crate) enum UserFrame {
     Mapped { module: Arc<str>, file_offset: u64 },
     /// In no mapping, or in anonymous memory.
     Unmapped,
-    /// A Lua function of process `pid` (a [`lrec_format::LuaProto`] id), at `line` when
-    /// lines are asked for, called from (proto, position) when a Lua call names it.
+    /// A Lua function of process `pid` (a [`lrec_format::LuaProto`] id), at `line` (0:
+    /// unknown), called from (proto, position) when a Lua call names it.
     Lua {
         pid: u32,
         proto: u32,
-        line: Option<u32>,
+        line: u32,
         called_from: Option<(u32, u32)>,
-        /// Running as JIT-compiled code (marked when asked).
+        /// Running as JIT-compiled code.
         jit: bool,
     },
     /// A Lua VM's built-in function.
@@ -148,11 +148,7 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
-    let lua_ctx = LuaContext {
-        meta: &meta,
-        lines: opts.lines,
-        mark_jit: opts.mark_jit,
-    };
+    let lua_ctx = LuaContext { meta: &meta };
     let unwound: Vec<UnwoundChunk> = capture
         .chunks()
         .par_iter()
@@ -171,9 +167,7 @@ pub fn run(
                         let lua = lua_stack
                             .take()
                             .filter(|l| l.tid == s.tid && l.time_ns == s.time_ns);
-                        if opts.pid.is_none_or(|p| p == s.pid)
-                            && opts.tid.is_none_or(|t| t == s.tid)
-                        {
+                        if opts.keeps(header.monotonic_start_ns, s.pid, s.tid, s.time_ns) {
                             let maps = maps.get(&s.pid);
                             let lua = lua.as_ref().map(|l| (l, &lua_ctx));
                             samples.push(unwind_sample(s, maps, lua, cache, &mut frames));
@@ -265,14 +259,10 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
 /// What merging Lua frames needs from the capture's metadata.
 struct LuaContext<'a> {
     meta: &'a Metadata,
-    /// Split Lua frames by current line.
-    lines: bool,
-    /// Mark frames running JIT-compiled code.
-    mark_jit: bool,
 }
 
 impl LuaContext<'_> {
-    /// Frame `i` of `stack`, located and with its current line when asked for.
+    /// Frame `i` of `stack`, located, with its current line.
     fn frame(
         &self,
         pid: u32,
@@ -284,13 +274,12 @@ impl LuaContext<'_> {
         let f = &stack.frames[i];
         match f.kind {
             lua_frame_kind::LUA => {
-                let line = self.lines.then(|| {
-                    self.meta
-                        .lua_protos
-                        .get(&(pid, f.function))
-                        .and_then(|p| p.lines.get(f.pos as usize).copied())
-                        .unwrap_or(0)
-                });
+                let line = self
+                    .meta
+                    .lua_protos
+                    .get(&(pid, f.function))
+                    .and_then(|p| p.lines.get(f.pos as usize).copied())
+                    .unwrap_or(0);
                 // Called by a Lua function (or a metamethod it triggered): the calling
                 // instruction names the callee.
                 let caller = stack.frames.get(i + 1).filter(|c| {
@@ -304,9 +293,8 @@ impl LuaContext<'_> {
                 let called_from = caller.map(|c| (c.function, c.pos));
                 // A trace's start frame and the functions inlined into it run compiled
                 // code (captures before lrec marked them: the innermost frame in a trace).
-                let jit = self.mark_jit
-                    && !puc
-                    && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
+                let jit =
+                    !puc && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
                 UserFrame::Lua {
                     pid,
                     proto: f.function,

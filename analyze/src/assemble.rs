@@ -13,7 +13,8 @@ use crate::image::{basename, Image};
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaVmInfo, Profile, ProfileSample, Stats, Thread,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample, Stats,
+    Thread,
 };
 use crate::symbolize::KernelSymbolizer;
 use crate::unwind::StackEnd;
@@ -83,37 +84,18 @@ pub(crate) fn assemble(
                 thread: thread_index[&(s.pid, s.tid)],
                 frames: ids,
                 truncated: s.end != StackEnd::Complete,
+                failed: s.end == StackEnd::Failed,
+                kernel_mode: s.kernel_mode,
+                vm_state: s.vm_state,
+                jit_mapped: s.jit_mapped,
             }
         })
         .collect();
 
-    let mut stats = Stats {
-        lost: meta.lost,
-        ..Stats::default()
-    };
+    let stats = sample_stats(&samples, meta.lost);
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     for s in unwound.into_iter().flat_map(|c| c.samples) {
-        stats.samples += 1;
-        stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
-        stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
-        match s.end {
-            StackEnd::Complete => {}
-            StackEnd::Truncated => stats.truncated += 1,
-            StackEnd::Failed => stats.failed_unwinds += 1,
-        }
-        stats.kernel_samples += u64::from(s.kernel_mode);
-        if let Some(state) = s.vm_state {
-            *stats
-                .vm_states
-                .entry(luajit::state_name(state))
-                .or_default() += 1;
-        }
-        match s.jit_mapped {
-            Some(true) => stats.jit_mapped += 1,
-            Some(false) => stats.jit_unmapped += 1,
-            None => {}
-        }
         if s.no_mappings {
             *no_mappings.entry(s.pid).or_default() += 1;
         }
@@ -188,18 +170,47 @@ pub(crate) fn assemble(
         lua_vms,
         stats,
         warnings: warnings.into_sorted(),
+        naming: Naming::default(),
     }
+}
+
+/// The counters of a profile's samples; `lost` is what the kernel reported dropped.
+pub(crate) fn sample_stats(samples: &[ProfileSample], lost: u64) -> Stats {
+    let mut stats = Stats {
+        lost,
+        ..Stats::default()
+    };
+    for s in samples {
+        stats.samples += 1;
+        stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
+        stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
+        stats.truncated += u64::from(s.truncated && !s.failed);
+        stats.failed_unwinds += u64::from(s.failed);
+        stats.kernel_samples += u64::from(s.kernel_mode);
+        if let Some(state) = s.vm_state {
+            *stats
+                .vm_states
+                .entry(luajit::state_name(state))
+                .or_default() += 1;
+        }
+        match s.jit_mapped {
+            Some(true) => stats.jit_mapped += 1,
+            Some(false) => stats.jit_unmapped += 1,
+            None => {}
+        }
+    }
+    stats
 }
 
 /// A kernel frame. Kernel stacks are recorded innermost first; all but the first entry
 /// (`leaf`) are return addresses, looked up one byte before.
 fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
     let lookup = if leaf { addr } else { addr.wrapping_sub(1) };
-    Frame {
-        function: kernel.name(lookup).unwrap_or("[unknown]").to_owned(),
-        module: None,
-        kind: FrameKind::Kernel,
-    }
+    Frame::named(
+        kernel.name(lookup).unwrap_or("[unknown]"),
+        None,
+        FrameKind::Kernel,
+    )
 }
 
 /// The frames (outermost first) for one located user address.
@@ -219,28 +230,21 @@ fn user_frames(
             jit,
         } => {
             let mut frame = lua_function_frame(meta, *pid, *proto, *line, *called_from);
-            if *jit {
-                // perf's mark for JIT-compiled code.
-                frame.function.push_str("_[j]");
-            }
+            frame.jit = *jit;
             push(frame);
             return;
         }
         UserFrame::LuaBuiltin { pid, id } => {
             let builtins = meta.lua_runtimes.get(pid).map(|r| r.builtins.as_slice());
-            push(Frame {
-                function: luajit::builtin_name(builtins.unwrap_or_default(), *id),
-                module: None,
-                kind: FrameKind::Lua,
-            });
+            push(Frame::named(
+                luajit::builtin_name(builtins.unwrap_or_default(), *id),
+                None,
+                FrameKind::Lua,
+            ));
             return;
         }
         UserFrame::LuaState(name) => {
-            push(Frame {
-                function: name.to_string(),
-                module: None,
-                kind: FrameKind::Lua,
-            });
+            push(Frame::named(*name, None, FrameKind::Lua));
             return;
         }
         UserFrame::Image {
@@ -252,15 +256,12 @@ fn user_frames(
             if let Some(functions) = functions.filter(|f| !f.is_empty()) {
                 let module = Some(images[*image].basename().to_owned());
                 for f in functions {
-                    push(Frame {
-                        function: f.name.clone(),
-                        module: module.clone(),
-                        kind: if f.inlined {
-                            FrameKind::Inlined
-                        } else {
-                            FrameKind::User
-                        },
-                    });
+                    let kind = if f.inlined {
+                        FrameKind::Inlined
+                    } else {
+                        FrameKind::User
+                    };
+                    push(Frame::named(f.name.clone(), module.clone(), kind));
                 }
                 return;
             }
@@ -271,28 +272,24 @@ fn user_frames(
             file_offset,
         } => (module, file_offset),
         UserFrame::Unmapped => {
-            push(Frame {
-                function: "[unknown]".into(),
-                module: None,
-                kind: FrameKind::User,
-            });
+            push(Frame::named("[unknown]", None, FrameKind::User));
             return;
         }
     };
-    push(Frame {
-        function: format!("{module}+0x{file_offset:x}"),
-        module: Some(module.to_string()),
-        kind: FrameKind::User,
-    });
+    push(Frame::named(
+        format!("{module}+0x{file_offset:x}"),
+        Some(module.to_string()),
+        FrameKind::User,
+    ));
 }
 
 /// A Lua function: `NAME CHUNK:LINEDEFINED` (`CHUNK:LINEDEFINED` when the call gives no
-/// name), with `@LINE` for the current line when asked.
+/// name), running `line` (0: unknown).
 fn lua_function_frame(
     meta: &Metadata,
     pid: u32,
     proto: u32,
-    line: Option<u32>,
+    line: u32,
     called_from: Option<(u32, u32)>,
 ) -> Frame {
     let name = called_from.and_then(|(caller, pos)| {
@@ -300,21 +297,24 @@ fn lua_function_frame(
         let i = c.callee_names.binary_search_by_key(&pos, |n| n.0).ok()?;
         Some(c.callee_names[i].1.as_str())
     });
-    let (function, module) = match meta.lua_protos.get(&(pid, proto)) {
+    let (function, module, first) = match meta.lua_protos.get(&(pid, proto)) {
         Some(p) => {
             let chunk = luajit::chunk_label(&p.chunkname);
-            let mut label = match name {
+            let label = match name {
                 Some(n) => format!("{n} {chunk}:{}", p.firstline),
                 None => format!("{chunk}:{}", p.firstline),
             };
-            if let Some(line) = line {
-                label.push_str(&format!("@{line}"));
-            }
-            (label, Some(chunk))
+            let first = u32::try_from(p.firstline).unwrap_or(0);
+            (label, Some(chunk), Some(first))
         }
-        None => ("[unknown Lua function]".to_string(), None),
+        None => ("[unknown Lua function]".to_string(), None, None),
     };
     Frame {
+        lines: first.map(|first| LuaLines {
+            first,
+            current: line,
+        }),
+        jit: false,
         function,
         module,
         kind: FrameKind::Lua,
@@ -372,7 +372,7 @@ mod tests {
         // call lies at the end of __x64_sys_read.
         let names: Vec<String> = kernel_frames(&[0x3100, 0x2050, 0x1010, 0x9999], &k)
             .iter()
-            .map(Frame::display_name)
+            .map(|f| f.display_name(Naming::default()))
             .collect();
         assert_eq!(
             names,
@@ -385,7 +385,7 @@ mod tests {
         );
         let names: Vec<String> = kernel_frames(&[0x3050, 0x3100], &k)
             .iter()
-            .map(Frame::display_name)
+            .map(|f| f.display_name(Naming::default()))
             .collect();
         assert_eq!(names, ["__x64_sys_read_[k]", "__x64_sys_read_[k]"]);
     }

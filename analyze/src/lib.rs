@@ -17,6 +17,7 @@ mod lua;
 mod metadata;
 mod profile;
 pub mod render;
+pub mod strip;
 mod symbolize;
 mod symbols;
 mod unwind;
@@ -24,8 +25,8 @@ mod unwind;
 use lrec_format::{Binary, Capture};
 
 pub use profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaVmInfo, Profile, ProfileSample, Stats, Thread,
-    Warning,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
+    Stats, Thread, Warning,
 };
 
 /// What [`analyze`] should do.
@@ -37,10 +38,59 @@ pub struct Options {
     pub pid: Option<u32>,
     /// Keep only samples of this thread.
     pub tid: Option<u32>,
-    /// Split Lua frames by their current line.
-    pub lines: bool,
-    /// Mark Lua frames that run JIT-compiled code (`_[j]`).
-    pub mark_jit: bool,
+    /// Keep only samples taken in this window of the recording.
+    pub time: Option<TimeRange>,
+    /// How renderers name frames (set on the returned [`Profile`]).
+    pub naming: Naming,
+}
+
+impl Options {
+    /// Whether a sample of `pid`/`tid` taken at `time_ns` passes the filters; `start_ns`
+    /// is when recording started, on the samples' clock.
+    pub fn keeps(&self, start_ns: u64, pid: u32, tid: u32, time_ns: u64) -> bool {
+        self.pid.is_none_or(|p| p == pid)
+            && self.tid.is_none_or(|t| t == tid)
+            && self.time.is_none_or(|r| r.contains(time_ns.saturating_sub(start_ns)))
+    }
+}
+
+/// A window of a recording, `FROM..TO` in seconds from its start (either end open).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimeRange {
+    pub from: f64,
+    pub to: f64,
+}
+
+impl TimeRange {
+    /// Whether `offset_ns` after the start lies in the window (`from` included, `to` not).
+    pub fn contains(&self, offset_ns: u64) -> bool {
+        let t = offset_ns as f64 / 1e9;
+        t >= self.from && t < self.to
+    }
+}
+
+impl std::str::FromStr for TimeRange {
+    type Err = String;
+
+    /// `2..5`, `2..`, `..5`, in seconds (decimals allowed).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || format!("`{s}` is not a time window; write FROM..TO in seconds, e.g. 2..5.5, 10.. or ..3");
+        let (from, to) = s.split_once("..").ok_or_else(usage)?;
+        let secs = |v: &str, open: f64| -> Result<f64, String> {
+            match v.trim() {
+                "" => Ok(open),
+                v => v.parse::<f64>().ok().filter(|x| *x >= 0.0).ok_or_else(usage),
+            }
+        };
+        let range = TimeRange {
+            from: secs(from, 0.0)?,
+            to: secs(to, f64::INFINITY)?,
+        };
+        if range.from >= range.to {
+            return Err(format!("`{s}`: FROM must be less than TO"));
+        }
+        Ok(range)
+    }
 }
 
 /// Errors that stop an analysis. Damaged data does not: it is counted and warned about.
@@ -92,5 +142,7 @@ pub fn analyze_with(
     opts: &Options,
     locator: &dyn BinaryLocator,
 ) -> Result<Profile, AnalyzeError> {
-    analysis::run(capture, opts, locator)
+    let mut profile = analysis::run(capture, opts, locator)?;
+    profile.naming = opts.naming;
+    Ok(profile)
 }

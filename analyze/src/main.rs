@@ -2,13 +2,13 @@
 //! summary. All the work is in the `lanalyze` library; this only parses arguments.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
-use std::path::PathBuf;
+use std::io::{self, BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Parser;
 use lanalyze::render::{self, StackOptions};
-use lanalyze::{analyze, Options};
+use lanalyze::{analyze, strip, Naming, Options, Profile, TimeRange};
 use lrec_format::{Capture, FormatError};
 
 const EXAMPLES: &str = "\
@@ -17,14 +17,28 @@ EXAMPLES:
     lanalyze out.lrec --flamegraph -o fg.svg   flame graph
     lanalyze out.lrec --folded > out.folded    collapsed stacks (for inferno, speedscope)
     lanalyze out.lrec --top 20                 the 20 functions with the most self samples
+    lanalyze out.lrec --pprof -o out.pb.gz     for `go tool pprof`, Pyroscope, Parca
+    lanalyze out.lrec --speedscope -o out.json for https://www.speedscope.app
+    lanalyze out.lrec --firefox -o out.json    for https://profiler.firefox.com (and Perfetto)
+    lanalyze out.lrec --time 10..20 --top 10   only samples 10 s to 20 s into the recording
+    lanalyze --diff before.lrec after.lrec --top 20        what changed, by share of samples
+    lanalyze --diff before.lrec after.lrec --flamegraph -o diff.svg
+    lanalyze out.lrec --strip -o shared.lrec   a capture without stack memory, to share
     lanalyze out.lrec --folded --offline       use only what the capture holds";
 
 /// Analyse an lrec capture: unwind, symbolize and render it.
 #[derive(Debug, Parser)]
 #[command(version, after_help = EXAMPLES)]
 struct Cli {
-    /// The capture written by `lrec -o`.
-    capture: PathBuf,
+    /// The capture written by `lrec -o` (with --diff: the BEFORE and AFTER captures).
+    #[arg(required = true, num_args = 1..=2, value_name = "CAPTURE")]
+    captures: Vec<PathBuf>,
+    /// Compare two captures, BEFORE then AFTER: with --top, functions ranked by change in
+    /// share of samples; with --flamegraph, a differential flame graph (AFTER's stacks,
+    /// red where they grew, blue where they shrank, normalised by sample count); with
+    /// --folded, `stack BEFORE AFTER` lines.
+    #[arg(long)]
+    diff: bool,
     /// Print collapsed stacks: `thread;root;…;leaf COUNT`.
     #[arg(long, group = "mode")]
     folded: bool,
@@ -37,6 +51,21 @@ struct Cli {
     /// Print a summary: header, counts, threads, binaries, warnings.
     #[arg(long, group = "mode")]
     info: bool,
+    /// Write a gzipped pprof profile (profile.proto), as read by `go tool pprof`,
+    /// Pyroscope's `profilecli upload` and Parca's `parca-push`.
+    #[arg(long, group = "mode")]
+    pprof: bool,
+    /// Write a speedscope JSON profile, one profile per thread, in time order.
+    #[arg(long, group = "mode")]
+    speedscope: bool,
+    /// Write a Firefox Profiler (processed format) JSON profile: a track per thread.
+    #[arg(long, group = "mode")]
+    firefox: bool,
+    /// Write a copy of the capture without secrets to -o FILE: resolved stacks, names and
+    /// metadata only, no stack bytes, registers or other memory of the target. Every
+    /// output of lanalyze reads it.
+    #[arg(long, group = "mode", requires = "output")]
+    strip: bool,
     /// Write to FILE instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -56,6 +85,10 @@ struct Cli {
     /// Keep only samples of this thread.
     #[arg(short, long)]
     tid: Option<u32>,
+    /// Keep only samples taken FROM..TO seconds after recording started (`10..20`,
+    /// `30..`, `..5.5`).
+    #[arg(long, value_name = "FROM..TO")]
+    time: Option<TimeRange>,
     /// Split Lua frames by current line: `chunk.lua:12@14` is the function defined at line
     /// 12 while it runs line 14.
     #[arg(long)]
@@ -80,51 +113,83 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let capture = Capture::open(&cli.capture)
-        .with_context(|| format!("cannot read capture {}", cli.capture.display()))?;
+    match (cli.diff, cli.captures.len()) {
+        (true, 2) | (false, 1) => {}
+        (true, _) => bail!("--diff compares two captures: lanalyze --diff BEFORE AFTER --top 20"),
+        (false, _) => bail!("pass one capture (or two with --diff)"),
+    }
+    if cli.diff && (cli.pprof || cli.speedscope || cli.firefox || cli.strip) {
+        bail!("--diff draws --flamegraph, --folded or --top (the default)");
+    }
+    let binary = cli.pprof || cli.strip;
+    if binary && cli.output.is_none() && io::stdout().is_terminal() {
+        bail!("this output is binary; write it to a file with -o FILE");
+    }
     let opts = Options {
         offline: cli.offline,
         pid: cli.pid,
         tid: cli.tid,
-        lines: cli.lines,
-        mark_jit: cli.mark_jit,
+        time: cli.time,
+        naming: Naming {
+            lines: cli.lines,
+            mark_jit: cli.mark_jit,
+        },
     };
-    let profile = analyze(&capture, &opts)
-        .with_context(|| format!("cannot analyse {}", cli.capture.display()))?;
-    for w in &profile.warnings {
-        match w.count {
-            1 => eprintln!("lanalyze: warning: {}", w.message),
-            n => eprintln!("lanalyze: warning: {} ({n} times)", w.message),
-        }
-    }
+    let profiles = cli
+        .captures
+        .iter()
+        .map(|path| load(path, &opts))
+        .collect::<Result<Vec<Profile>>>()?;
     let stack_opts = StackOptions {
         thread_names: !cli.no_thread_names,
         per_pid: cli.per_pid,
     };
+    if cli.strip {
+        let path = cli.output.as_deref().expect("clap requires -o with --strip");
+        return strip::write_stripped(&profiles[0], path)
+            .with_context(|| format!("cannot write {}", path.display()));
+    }
     let mut out: Box<dyn Write> = match &cli.output {
         Some(path) => Box::new(BufWriter::new(
             File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
         )),
         None => Box::new(BufWriter::new(io::stdout().lock())),
     };
-    let written = if cli.folded {
-        render::write_folded(&profile, stack_opts, &mut out)
-    } else if cli.flamegraph {
-        render::write_flamegraph(&profile, stack_opts, &mut out)
-    } else if let Some(n) = cli.top {
-        render::write_top(&profile, n, &mut out)
+    let written = if let [before, after] = profiles.as_slice() {
+        if cli.folded {
+            render::write_diff_folded(before, after, stack_opts, &mut out)
+        } else if cli.flamegraph {
+            render::write_diff_flamegraph(before, after, stack_opts, &mut out)
+        } else {
+            render::write_diff_top(before, after, cli.top.unwrap_or(20), &mut out)
+        }
     } else {
-        render::write_info(&profile, &mut out).and_then(|()| {
-            if cli.info {
-                Ok(())
-            } else {
-                writeln!(
-                    out,
-                    "\nhint: --flamegraph -o out.svg draws a flame graph; --folded, --top N \
-                     and --help show more"
-                )
-            }
-        })
+        let profile = &profiles[0];
+        if cli.folded {
+            render::write_folded(profile, stack_opts, &mut out)
+        } else if cli.flamegraph {
+            render::write_flamegraph(profile, stack_opts, &mut out)
+        } else if let Some(n) = cli.top {
+            render::write_top(profile, n, &mut out)
+        } else if cli.pprof {
+            render::write_pprof(profile, &mut out)
+        } else if cli.speedscope {
+            render::write_speedscope(profile, &mut out)
+        } else if cli.firefox {
+            render::write_firefox(profile, &mut out)
+        } else {
+            render::write_info(profile, &mut out).and_then(|()| {
+                if cli.info {
+                    Ok(())
+                } else {
+                    writeln!(
+                        out,
+                        "\nhint: --flamegraph -o out.svg draws a flame graph; --folded, --top N, \
+                         --pprof and --help show more"
+                    )
+                }
+            })
+        }
     };
     written
         .and_then(|()| out.flush())
@@ -133,6 +198,21 @@ fn run(cli: Cli) -> Result<()> {
             _ => Err(e),
         })
         .context("cannot write the output")
+}
+
+/// Reads and analyses one capture, printing its warnings.
+fn load(path: &Path, opts: &Options) -> Result<Profile> {
+    let capture = Capture::open(path)
+        .with_context(|| format!("cannot read capture {}", path.display()))?;
+    let profile =
+        analyze(&capture, opts).with_context(|| format!("cannot analyse {}", path.display()))?;
+    for w in &profile.warnings {
+        match w.count {
+            1 => eprintln!("lanalyze: warning: {}", w.message),
+            n => eprintln!("lanalyze: warning: {} ({n} times)", w.message),
+        }
+    }
+    Ok(profile)
 }
 
 /// What to do about an error, when there is something to do.

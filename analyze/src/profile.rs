@@ -25,22 +25,70 @@ pub struct Frame {
     /// `[unknown]` when it lies in no mapping.
     pub function: String,
     /// Basename of the module the address lies in, if any.
+    /// For a Lua function: its chunk (source), as `module` and `function` name it.
     pub module: Option<String>,
     pub kind: FrameKind,
+    /// A Lua function's line where it is defined and its line running when sampled
+    /// (0 when unknown); `None` for every other frame.
+    pub lines: Option<LuaLines>,
+    /// A Lua function running JIT-compiled code (a trace's start frame or a function
+    /// inlined into the trace).
+    pub jit: bool,
+}
+
+/// Where a Lua function is defined and where it was when sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LuaLines {
+    pub first: u32,
+    pub current: u32,
 }
 
 impl Frame {
-    /// The name as perf/inferno conventions print it: kernel frames end in `_[k]`.
-    pub fn display_name(&self) -> String {
+    /// A frame of this kind with only a name (and module).
+    pub fn named(function: impl Into<String>, module: Option<String>, kind: FrameKind) -> Frame {
+        Frame {
+            function: function.into(),
+            module,
+            kind,
+            lines: None,
+            jit: false,
+        }
+    }
+
+    /// The name as perf/inferno conventions print it: kernel frames end in `_[k]`; Lua
+    /// frames get `@LINE` (their current line) and `_[j]` (JIT-compiled) when `naming`
+    /// asks.
+    pub fn display_name(&self, naming: Naming) -> String {
         match self.kind {
             FrameKind::Kernel => format!("{}_[k]", self.function),
-            FrameKind::User | FrameKind::Inlined | FrameKind::Lua => self.function.clone(),
+            FrameKind::User | FrameKind::Inlined => self.function.clone(),
+            FrameKind::Lua => {
+                let mut name = self.function.clone();
+                if let Some(l) = self.lines.filter(|_| naming.lines) {
+                    name.push_str(&format!("@{}", l.current));
+                }
+                if self.jit && naming.mark_jit {
+                    // perf's mark for JIT-compiled code.
+                    name.push_str("_[j]");
+                }
+                name
+            }
         }
     }
 }
 
+/// Which details of a frame its name shows. The profile keeps them all, so that one
+/// analysis (or a stripped capture) serves every naming.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Naming {
+    /// Split Lua functions by current line: `chunk.lua:12@14`.
+    pub lines: bool,
+    /// Mark Lua functions running JIT-compiled code: `hot app.lua:9_[j]`.
+    pub mark_jit: bool,
+}
+
 /// One sample, unwound and symbolized.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProfileSample {
     pub time_ns: u64,
     pub pid: u32,
@@ -51,6 +99,14 @@ pub struct ProfileSample {
     pub frames: Vec<FrameId>,
     /// The user stack could not be followed to its root function.
     pub truncated: bool,
+    /// Not even one user frame beyond the leaf could be found (implies `truncated`).
+    pub failed: bool,
+    /// Taken while the thread ran in the kernel.
+    pub kernel_mode: bool,
+    /// The Lua VM's state (`G->vmstate`), when the sample ran in a Lua VM.
+    pub vm_state: Option<i32>,
+    /// In a LuaJIT trace: whether its snapshot mapped the sample to the inlined frames.
+    pub jit_mapped: Option<bool>,
 }
 
 /// A thread that samples were taken from.
@@ -142,11 +198,21 @@ pub struct Profile {
     pub lua_vms: Vec<LuaVmInfo>,
     pub stats: Stats,
     pub warnings: Vec<Warning>,
+    /// How renderers name frames.
+    pub naming: Naming,
 }
 
 impl Profile {
     pub fn frame(&self, id: FrameId) -> &Frame {
         &self.frames[id as usize]
+    }
+
+    /// Every frame's name under [`Profile::naming`], by frame id.
+    pub fn display_names(&self) -> Vec<String> {
+        self.frames
+            .iter()
+            .map(|f| f.display_name(self.naming))
+            .collect()
     }
 
     pub fn thread_name(&self, sample: &ProfileSample) -> &str {

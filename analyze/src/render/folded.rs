@@ -24,9 +24,9 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
             .or_default() += 1;
     }
     let names: Vec<String> = profile
-        .frames
+        .display_names()
         .iter()
-        .map(|f| sanitize(&f.display_name()))
+        .map(|n| sanitize(n))
         .collect();
     let mut stacks: BTreeMap<String, u64> = BTreeMap::new();
     for ((thread, truncated, frames), count) in distinct {
@@ -79,11 +79,7 @@ mod tests {
     use crate::{Frame, FrameKind, ProfileSample, Thread};
 
     fn frame(name: &str, kind: FrameKind) -> Frame {
-        Frame {
-            function: name.into(),
-            module: None,
-            kind,
-        }
+        Frame::named(name, None, kind)
     }
 
     fn sample(thread: usize, frames: &[u32], truncated: bool) -> ProfileSample {
@@ -94,6 +90,7 @@ mod tests {
             thread,
             frames: frames.to_vec(),
             truncated,
+            ..ProfileSample::default()
         }
     }
 

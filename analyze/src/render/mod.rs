@@ -1,13 +1,21 @@
 //! Output formats. Each reads a [`Profile`](crate::Profile) and writes to any `io::Write`.
 
+mod diff;
+mod firefox;
 mod flamegraph;
 mod folded;
 mod info;
+mod pprof;
+mod speedscope;
 mod top;
 
+pub use diff::{write_diff_flamegraph, write_diff_folded, write_diff_top};
+pub use firefox::write_firefox;
 pub use flamegraph::write_flamegraph;
 pub use folded::{folded_stacks, write_folded};
 pub use info::write_info;
+pub use pprof::write_pprof;
+pub use speedscope::write_speedscope;
 pub use top::{top_functions, write_top, FunctionCounts};
 
 /// How stacks are turned into lines of frames.

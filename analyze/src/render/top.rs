@@ -18,7 +18,7 @@ pub struct FunctionCounts {
 
 /// Every function, by self samples, then total samples, then name.
 pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
-    let names: Vec<String> = profile.frames.iter().map(|f| f.display_name()).collect();
+    let names = profile.display_names();
     // Distinct stacks first: far fewer than samples.
     let mut stacks: FxHashMap<&[FrameId], u64> = FxHashMap::default();
     for sample in &profile.samples {
@@ -91,18 +91,14 @@ mod tests {
 
     #[test]
     fn self_and_total_counts() {
-        let f = |n: &str| Frame {
-            function: n.into(),
-            module: None,
-            kind: FrameKind::User,
-        };
+        let f = |n: &str| Frame::named(n, None, FrameKind::User);
         let s = |frames: &[u32]| ProfileSample {
             time_ns: 0,
             pid: 1,
             tid: 1,
             thread: 0,
             frames: frames.to_vec(),
-            truncated: false,
+            ..ProfileSample::default()
         };
         let profile = Profile {
             frames: vec![f("main"), f("a"), f("b")],
