@@ -121,6 +121,9 @@ pub fn run(
     locator: &dyn BinaryLocator,
 ) -> Result<Profile, AnalyzeError> {
     let mut meta = read_metadata(capture);
+    if crate::strip::is_stripped(&meta) {
+        return Ok(crate::strip::read_stripped(&mut meta, opts));
+    }
     let kernel = KernelSymbolizer::new(std::mem::take(&mut meta.kernel_symbols));
     let header = meta.header.clone().unwrap_or_default();
     if !header.arch.is_empty() && header.arch != "x86_64" {

@@ -30,25 +30,6 @@ pub(crate) fn assemble(
     kernel: &KernelSymbolizer,
     mut warnings: WarningCounter,
 ) -> Profile {
-    let mut thread_samples: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for s in unwound.iter().flat_map(|c| &c.samples) {
-        *thread_samples.entry((s.pid, s.tid)).or_default() += 1;
-    }
-    let thread_index: HashMap<(u32, u32), usize> = thread_samples
-        .keys()
-        .enumerate()
-        .map(|(i, k)| (*k, i))
-        .collect();
-    let threads = thread_samples
-        .iter()
-        .map(|(&(pid, tid), &samples)| Thread {
-            pid,
-            tid,
-            name: thread_name(meta, pid, tid),
-            samples,
-        })
-        .collect();
-
     // Name each distinct address once; samples then only look their frame ids up.
     let mut frames: Interner<Frame> = Interner::default();
     let user_ids: Vec<Vec<FrameId>> = distinct
@@ -65,7 +46,7 @@ pub(crate) fn assemble(
         .iter()
         .map(|&(addr, leaf)| ((addr, leaf), frames.id(kernel_frame(addr, leaf, kernel))))
         .collect();
-    let samples: Vec<ProfileSample> = unwound
+    let mut samples: Vec<ProfileSample> = unwound
         .par_iter()
         .zip(distinct.remap.par_iter())
         .flat_map_iter(|(chunk, remap)| chunk.samples.iter().map(move |s| (s, remap)))
@@ -81,7 +62,7 @@ pub(crate) fn assemble(
                 time_ns: s.time_ns,
                 pid: s.pid,
                 tid: s.tid,
-                thread: thread_index[&(s.pid, s.tid)],
+                thread: 0,
                 frames: ids,
                 truncated: s.end != StackEnd::Complete,
                 failed: s.end == StackEnd::Failed,
@@ -91,6 +72,7 @@ pub(crate) fn assemble(
             }
         })
         .collect();
+    let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
 
     let stats = sample_stats(&samples, meta.lost);
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
@@ -172,6 +154,32 @@ pub(crate) fn assemble(
         warnings: warnings.into_sorted(),
         naming: Naming::default(),
     }
+}
+
+/// The threads of `samples`, by (pid, tid), named by `name`; sets each sample's
+/// [`ProfileSample::thread`].
+pub(crate) fn index_threads(
+    samples: &mut [ProfileSample],
+    name: impl Fn(u32, u32) -> String,
+) -> Vec<Thread> {
+    let mut counts: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    for s in samples.iter() {
+        *counts.entry((s.pid, s.tid)).or_default() += 1;
+    }
+    let index: HashMap<(u32, u32), usize> =
+        counts.keys().enumerate().map(|(i, k)| (*k, i)).collect();
+    for s in samples.iter_mut() {
+        s.thread = index[&(s.pid, s.tid)];
+    }
+    counts
+        .into_iter()
+        .map(|((pid, tid), samples)| Thread {
+            pid,
+            tid,
+            name: name(pid, tid),
+            samples,
+        })
+        .collect()
 }
 
 /// The counters of a profile's samples; `lost` is what the kernel reported dropped.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use lrec_format::{
     kind, kind_bit, Binary, Capture, End, Header, LuaProto, LuaRuntime, Mapping, Process,
-    ReadWarning, Record, RecordRef,
+    ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample, ResolvedSummary,
 };
 use rayon::prelude::*;
 
@@ -27,6 +27,10 @@ pub struct Metadata {
     pub lua_protos: HashMap<(u32, u32), LuaProto>,
     /// Opening damage, then per-chunk warnings in capture order.
     pub read_warnings: Vec<ReadWarning>,
+    /// A stripped capture's frames (by id), samples and summary.
+    pub resolved_frames: Vec<ResolvedFrame>,
+    pub resolved_samples: Vec<ResolvedSample>,
+    pub resolved_summary: Option<ResolvedSummary>,
 }
 
 /// Decodes every chunk (in parallel) and keeps all records except samples.
@@ -109,6 +113,18 @@ impl Metadata {
             Record::LuaProto(p) => {
                 self.lua_protos.insert((p.pid, p.id), p);
             }
+            Record::ResolvedFrames(f) => {
+                let first = f.first as usize;
+                if self.resolved_frames.len() < first + f.frames.len() {
+                    self.resolved_frames
+                        .resize(first + f.frames.len(), ResolvedFrame::default());
+                }
+                for (slot, frame) in self.resolved_frames[first..].iter_mut().zip(f.frames) {
+                    *slot = frame;
+                }
+            }
+            Record::ResolvedSample(r) => self.resolved_samples.push(r),
+            Record::ResolvedSummary(r) => self.resolved_summary = Some(r),
             Record::Sample(_) | Record::LuaStack(_) | Record::Unknown { .. } => {}
         }
     }

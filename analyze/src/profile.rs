@@ -119,45 +119,12 @@ pub struct Thread {
     pub samples: u64,
 }
 
-/// Where the unwind and symbol data of a binary came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BinaryInfo {
-    pub path: String,
-    pub build_id: Option<Vec<u8>>,
-    /// The capture holds its unwind/symbol sections.
-    pub sections_embedded: bool,
-    /// The capture holds its DWARF debug info.
-    pub dwarf_embedded: bool,
-    /// Local files that supplied sections (the binary itself or its debug file).
-    pub resolved_locally: Vec<String>,
-    /// Usable unwind info (.eh_frame or .debug_frame) was available.
-    pub has_unwind_info: bool,
-    /// DWARF debug info (embedded or local) was available.
-    pub has_dwarf: bool,
-    /// Why the recorder could not embed the file, if so.
-    pub error: Option<String>,
-    /// Samples whose unwinding passed through this binary without unwind info.
-    pub samples_without_unwind_info: u64,
-}
-
+/// Where the unwind and symbol data of a binary came from (a stripped capture keeps it).
+pub use lrec_format::ResolvedBinary as BinaryInfo;
 /// A Lua VM found in a recorded process.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LuaVmInfo {
-    pub pid: u32,
-    /// `LuaJIT 2.1`.
-    pub vm: String,
-    /// The layout that validated, empty when none did.
-    pub layout: String,
-    pub path: String,
-    pub error: Option<String>,
-}
-
+pub use lrec_format::ResolvedLuaVm as LuaVmInfo;
 /// A problem met while analysing, reported once with how often it happened.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Warning {
-    pub message: String,
-    pub count: u64,
-}
+pub use lrec_format::ResolvedWarning as Warning;
 
 /// Counters of the analysis.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

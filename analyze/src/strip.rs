@@ -1,9 +1,249 @@
-//! TODO(issue 9): captures without secrets.
+//! Captures without secrets: `lanalyze CAPTURE --strip -o SHARED.lrec`.
+//!
+//! A recorded capture holds raw user-stack bytes and registers, which can hold anything
+//! the target had in memory (keys, tokens, user data). A stripped capture holds only what
+//! the analysis made of them: named frames, each sample as frame ids with its time, thread
+//! and flags, the header, thread names, lost counts, the end record, and a summary of the
+//! binaries, Lua VMs and warnings. Every output of lanalyze reads it like the original
+//! (filters, `--lines` and `--mark-jit` included: frames keep those details).
 
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::Profile;
+use anyhow::{Context, Result};
+use lrec_format::{
+    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, Lost, ResolvedFrame,
+    ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
+};
 
-pub fn write_stripped(_profile: &Profile, _path: &Path) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+use crate::assemble::{index_threads, sample_stats};
+use crate::metadata::Metadata;
+use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample};
+use crate::Options;
+
+/// Frames per [`ResolvedFrames`] record.
+const FRAMES_PER_RECORD: usize = 4096;
+
+/// Writes `profile` as a stripped capture to `path`, created mode 0600 (as perf creates
+/// its data files), replacing any file there.
+pub fn write_stripped(profile: &Profile, path: &Path) -> Result<()> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    let mut w = CaptureWriter::new(BufWriter::new(file), &profile.header)?;
+    for t in &profile.threads {
+        w.push(
+            &ThreadName {
+                pid: t.pid,
+                tid: t.tid,
+                name: t.name.clone(),
+            }
+            .into(),
+        )?;
+    }
+    w.push(
+        &ResolvedSummary {
+            binaries: profile.binaries.clone(),
+            lua_vms: profile.lua_vms.clone(),
+            warnings: profile.warnings.clone(),
+        }
+        .into(),
+    )?;
+    for (i, frames) in profile.frames.chunks(FRAMES_PER_RECORD).enumerate() {
+        let record = ResolvedFrames {
+            first: (i * FRAMES_PER_RECORD) as u32,
+            frames: frames.iter().map(resolved_frame).collect(),
+        };
+        w.push(&record.into())?;
+    }
+    for s in &profile.samples {
+        w.push(&resolved_sample(s).into())?;
+    }
+    let last = profile.stats.last_time_ns.unwrap_or_default();
+    if profile.stats.lost > 0 {
+        let lost = Lost {
+            time_ns: last,
+            count: profile.stats.lost,
+        };
+        w.push(&lost.into())?;
+    }
+    let end = End {
+        time_ns: last,
+        samples: profile.stats.samples,
+        lost: profile.stats.lost,
+        reason: profile
+            .end_reason
+            .clone()
+            .unwrap_or_else(|| "cut short (no end record)".into()),
+    };
+    w.push(&end.into())?;
+    w.finish()?.flush()?;
+    Ok(())
+}
+
+/// Whether a capture is a stripped one.
+pub(crate) fn is_stripped(meta: &Metadata) -> bool {
+    meta.resolved_summary.is_some()
+}
+
+/// The profile a stripped capture holds, filtered by `opts`.
+pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
+    let header = meta.header.clone().unwrap_or_default();
+    let summary = meta.resolved_summary.take().unwrap_or_default();
+    let frames: Vec<Frame> = meta.resolved_frames.iter().map(frame).collect();
+    let valid = |s: &ResolvedSample| s.frames.iter().all(|&f| (f as usize) < frames.len());
+    let mut damaged = 0u64;
+    let mut samples: Vec<ProfileSample> = Vec::with_capacity(meta.resolved_samples.len());
+    for s in std::mem::take(&mut meta.resolved_samples) {
+        if !opts.keeps(header.monotonic_start_ns, s.pid, s.tid, s.time_ns) {
+            continue;
+        }
+        if !valid(&s) {
+            damaged += 1;
+            continue;
+        }
+        samples.push(profile_sample(s));
+    }
+    let threads = index_threads(&mut samples, |pid, tid| {
+        meta.thread_names
+            .get(&(pid, tid))
+            .cloned()
+            .unwrap_or_else(|| format!("[tid {tid}]"))
+    });
+    let mut warnings = summary.warnings;
+    warnings.extend(meta.read_warnings.iter().map(|w| crate::Warning {
+        message: w.to_string(),
+        count: 1,
+    }));
+    if damaged > 0 {
+        warnings.push(crate::Warning {
+            message: "stripped capture: samples naming frames it does not hold were skipped"
+                .into(),
+            count: damaged,
+        });
+    }
+    warnings.sort();
+    Profile {
+        end_reason: meta.end.as_ref().map(|e| e.reason.clone()),
+        stats: sample_stats(&samples, meta.lost),
+        header,
+        samples,
+        frames,
+        threads,
+        binaries: summary.binaries,
+        lua_vms: summary.lua_vms,
+        warnings,
+        naming: opts.naming,
+    }
+}
+
+fn resolved_frame(f: &Frame) -> ResolvedFrame {
+    ResolvedFrame {
+        function: f.function.clone(),
+        module: f.module.clone(),
+        kind: match f.kind {
+            FrameKind::User => resolved_frame_kind::USER,
+            FrameKind::Inlined => resolved_frame_kind::INLINED,
+            FrameKind::Kernel => resolved_frame_kind::KERNEL,
+            FrameKind::Lua => resolved_frame_kind::LUA,
+        },
+        lua_lines: f.lines.map(|l| (l.first, l.current)),
+        jit: f.jit,
+    }
+}
+
+fn frame(f: &ResolvedFrame) -> Frame {
+    Frame {
+        function: f.function.clone(),
+        module: f.module.clone(),
+        kind: match f.kind {
+            resolved_frame_kind::INLINED => FrameKind::Inlined,
+            resolved_frame_kind::KERNEL => FrameKind::Kernel,
+            resolved_frame_kind::LUA => FrameKind::Lua,
+            _ => FrameKind::User,
+        },
+        lines: f.lua_lines.map(|(first, current)| LuaLines { first, current }),
+        jit: f.jit,
+    }
+}
+
+fn resolved_sample(s: &ProfileSample) -> ResolvedSample {
+    let bit = |set: bool, bit: u32| if set { bit } else { 0 };
+    ResolvedSample {
+        time_ns: s.time_ns,
+        pid: s.pid,
+        tid: s.tid,
+        frames: s.frames.clone(),
+        flags: bit(s.truncated, flags::TRUNCATED)
+            | bit(s.failed, flags::FAILED)
+            | bit(s.kernel_mode, flags::KERNEL_MODE)
+            | bit(s.jit_mapped == Some(true), flags::JIT_MAPPED)
+            | bit(s.jit_mapped == Some(false), flags::JIT_UNMAPPED),
+        vm_state: s.vm_state,
+    }
+}
+
+fn profile_sample(s: ResolvedSample) -> ProfileSample {
+    let has = |bit: u32| s.flags & bit != 0;
+    ProfileSample {
+        time_ns: s.time_ns,
+        pid: s.pid,
+        tid: s.tid,
+        thread: 0,
+        truncated: has(flags::TRUNCATED),
+        failed: has(flags::FAILED),
+        kernel_mode: has(flags::KERNEL_MODE),
+        jit_mapped: if has(flags::JIT_MAPPED) {
+            Some(true)
+        } else if has(flags::JIT_UNMAPPED) {
+            Some(false)
+        } else {
+            None
+        },
+        vm_state: s.vm_state,
+        frames: s.frames,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_and_samples_round_trip() {
+        let frames = [
+            Frame::named("main", Some("app".into()), FrameKind::User),
+            Frame {
+                lines: Some(LuaLines {
+                    first: 9,
+                    current: 12,
+                }),
+                jit: true,
+                ..Frame::named("hot app.lua:9", Some("app.lua".into()), FrameKind::Lua)
+            },
+            Frame::named("do_syscall_64", None, FrameKind::Kernel),
+        ];
+        for f in &frames {
+            assert_eq!(&frame(&resolved_frame(f)), f);
+        }
+        let sample = ProfileSample {
+            time_ns: 5,
+            pid: 1,
+            tid: 2,
+            thread: 0,
+            frames: vec![0, 1, 2],
+            truncated: true,
+            failed: false,
+            kernel_mode: true,
+            vm_state: Some(-3),
+            jit_mapped: Some(false),
+        };
+        assert_eq!(profile_sample(resolved_sample(&sample)), sample);
+    }
 }

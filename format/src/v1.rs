@@ -24,6 +24,13 @@ pub mod kind {
     pub const LUA_PROTO: u16 = 17;
     /// A Lua VM found in a process ([`LuaRuntime`](super::LuaRuntime)).
     pub const LUA_RUNTIME: u16 = 18;
+    /// Frames of a stripped capture ([`ResolvedFrames`](super::ResolvedFrames)).
+    pub const RESOLVED_FRAMES: u16 = 19;
+    /// A sample of a stripped capture ([`ResolvedSample`](super::ResolvedSample)).
+    pub const RESOLVED_SAMPLE: u16 = 20;
+    /// What the analysis behind a stripped capture found
+    /// ([`ResolvedSummary`](super::ResolvedSummary)).
+    pub const RESOLVED_SUMMARY: u16 = 21;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -380,6 +387,112 @@ pub struct LuaStack {
     pub frames: Vec<LuaFrame>,
 }
 
+/// Frames already unwound and named, as a stripped capture holds them (`lanalyze --strip`),
+/// numbered from `first` on in the order given. A stripped capture holds no raw samples,
+/// stack bytes, registers or binaries: only these, [`ResolvedSample`]s, a
+/// [`ResolvedSummary`], the header, thread names, lost counts and the end record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedFrames {
+    pub first: u32,
+    pub frames: Vec<ResolvedFrame>,
+}
+
+/// One named frame (see `lanalyze::Frame`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedFrame {
+    pub function: String,
+    pub module: Option<String>,
+    /// [`resolved_frame_kind`].
+    pub kind: u8,
+    /// A Lua function's (line defined, line running).
+    pub lua_lines: Option<(u32, u32)>,
+    /// A Lua function running JIT-compiled code.
+    pub jit: bool,
+}
+
+/// [`ResolvedFrame::kind`] values.
+pub mod resolved_frame_kind {
+    pub const USER: u8 = 0;
+    pub const INLINED: u8 = 1;
+    pub const KERNEL: u8 = 2;
+    pub const LUA: u8 = 3;
+}
+
+/// One sample of a stripped capture: its frames (ids of [`ResolvedFrames`]), root first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedSample {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub frames: Vec<u32>,
+    /// [`resolved_flags`].
+    pub flags: u32,
+    /// The Lua VM's state, when the sample ran in a Lua VM.
+    pub vm_state: Option<i32>,
+}
+
+/// [`ResolvedSample::flags`] bits.
+pub mod resolved_flags {
+    /// The stack stops before its root function.
+    pub const TRUNCATED: u32 = 1;
+    /// Not even one frame beyond the leaf was found.
+    pub const FAILED: u32 = 2;
+    pub const KERNEL_MODE: u32 = 4;
+    /// In a LuaJIT trace, mapped to its snapshot's frames / not mapped.
+    pub const JIT_MAPPED: u32 = 8;
+    pub const JIT_UNMAPPED: u32 = 16;
+}
+
+/// What the analysis behind a stripped capture found about the binaries and Lua VMs of
+/// the original, and what it warned about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedSummary {
+    pub binaries: Vec<ResolvedBinary>,
+    pub lua_vms: Vec<ResolvedLuaVm>,
+    pub warnings: Vec<ResolvedWarning>,
+}
+
+/// Where the unwind and symbol data of a binary came from (`lanalyze::BinaryInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedBinary {
+    pub path: String,
+    pub build_id: Option<Vec<u8>>,
+    /// The capture holds its unwind/symbol sections.
+    pub sections_embedded: bool,
+    /// The capture holds its DWARF debug info.
+    pub dwarf_embedded: bool,
+    /// Local files that supplied sections (the binary itself or its debug file).
+    pub resolved_locally: Vec<String>,
+    /// Usable unwind info (.eh_frame or .debug_frame) was available.
+    pub has_unwind_info: bool,
+    /// DWARF debug info (embedded or local) was available.
+    pub has_dwarf: bool,
+    /// Why the recorder could not embed the file, if so.
+    pub error: Option<String>,
+    /// Samples whose unwinding passed through this binary without unwind info.
+    pub samples_without_unwind_info: u64,
+}
+
+/// A Lua VM found in a recorded process (`lanalyze::LuaVmInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedLuaVm {
+    pub pid: u32,
+    /// `LuaJIT 2.1`.
+    pub vm: String,
+    /// The layout that validated, empty when none did.
+    pub layout: String,
+    pub path: String,
+    pub error: Option<String>,
+}
+
+/// A problem met while analysing, reported once with how often it happened
+/// (`lanalyze::Warning`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct ResolvedWarning {
+    pub message: String,
+    pub count: u64,
+}
+
 /// The record kinds of this version: one line each generates the [`Record`] variant, its
 /// kind number, its encoding and decoding, and `From<T> for Record`.
 macro_rules! records {
@@ -447,4 +560,7 @@ records!(
     LuaStack = LUA_STACK,
     LuaProto = LUA_PROTO,
     LuaRuntime = LUA_RUNTIME,
+    ResolvedFrames = RESOLVED_FRAMES,
+    ResolvedSample = RESOLVED_SAMPLE,
+    ResolvedSummary = RESOLVED_SUMMARY,
 );

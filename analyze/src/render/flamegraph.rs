@@ -15,31 +15,35 @@ pub fn write_flamegraph(
         .into_iter()
         .map(|(stack, count)| format!("{stack} {count}"))
         .collect();
-    let mut options = inferno::flamegraph::Options::default();
-    options.title = title(profile);
-    options.count_name = "samples".into();
+    let h = &profile.header;
+    let title = match h.frequency_hz {
+        0 => command(profile),
+        hz => format!("{} ({hz} Hz, {} samples)", command(profile), profile.stats.samples),
+    };
+    draw(&lines, title, out)
+}
+
+/// Draws collapsed stack lines (`stack COUNT`, or `stack BEFORE AFTER` for a differential
+/// flame graph).
+pub(super) fn draw(lines: &[String], title: String, out: &mut dyn Write) -> io::Result<()> {
     if lines.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "the profile holds no samples to draw",
         ));
     }
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title;
+    options.count_name = "samples".into();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
 }
 
-fn title(profile: &Profile) -> String {
+/// What was recorded: the lrec command line.
+pub(super) fn command(profile: &Profile) -> String {
     let h = &profile.header;
-    let what = if h.command_line.is_empty() {
+    if h.command_line.is_empty() {
         "lrec profile".to_owned()
     } else {
         h.command_line.join(" ")
-    };
-    if h.frequency_hz > 0 {
-        format!(
-            "{what} ({} Hz, {} samples)",
-            h.frequency_hz, profile.stats.samples
-        )
-    } else {
-        what
     }
 }
