@@ -296,8 +296,7 @@ impl LuaContext<'_> {
                 let called_from = caller.map(|c| (c.function, c.pos));
                 // A trace's start frame and the functions inlined into it run compiled
                 // code (captures before lrec marked them: the innermost frame in a trace).
-                let jit =
-                    !puc && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
+                let jit = !puc && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
                 UserFrame::Lua {
                     pid,
                     proto: f.function,

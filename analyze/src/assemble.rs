@@ -13,8 +13,8 @@ use crate::image::{basename, Image};
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample, Stats,
-    Thread,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
+    Stats, Thread,
 };
 use crate::symbolize::KernelSymbolizer;
 use crate::unwind::StackEnd;

@@ -50,7 +50,9 @@ impl Options {
     pub fn keeps(&self, start_ns: u64, pid: u32, tid: u32, time_ns: u64) -> bool {
         self.pid.is_none_or(|p| p == pid)
             && self.tid.is_none_or(|t| t == tid)
-            && self.time.is_none_or(|r| r.contains(time_ns.saturating_sub(start_ns)))
+            && self
+                .time
+                .is_none_or(|r| r.contains(time_ns.saturating_sub(start_ns)))
     }
 }
 
@@ -74,12 +76,20 @@ impl std::str::FromStr for TimeRange {
 
     /// `2..5`, `2..`, `..5`, in seconds (decimals allowed).
     fn from_str(s: &str) -> Result<Self, String> {
-        let usage = || format!("`{s}` is not a time window; write FROM..TO in seconds, e.g. 2..5.5, 10.. or ..3");
+        let usage = || {
+            format!(
+                "`{s}` is not a time window; write FROM..TO in seconds, e.g. 2..5.5, 10.. or ..3"
+            )
+        };
         let (from, to) = s.split_once("..").ok_or_else(usage)?;
         let secs = |v: &str, open: f64| -> Result<f64, String> {
             match v.trim() {
                 "" => Ok(open),
-                v => v.parse::<f64>().ok().filter(|x| *x >= 0.0).ok_or_else(usage),
+                v => v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| *x >= 0.0)
+                    .ok_or_else(usage),
             }
         };
         let range = TimeRange {

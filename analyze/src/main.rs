@@ -145,7 +145,10 @@ fn run(cli: Cli) -> Result<()> {
         per_pid: cli.per_pid,
     };
     if cli.strip {
-        let path = cli.output.as_deref().expect("clap requires -o with --strip");
+        let path = cli
+            .output
+            .as_deref()
+            .expect("clap requires -o with --strip");
         return strip::write_stripped(&profiles[0], path)
             .with_context(|| format!("cannot write {}", path.display()));
     }
@@ -202,8 +205,8 @@ fn run(cli: Cli) -> Result<()> {
 
 /// Reads and analyses one capture, printing its warnings.
 fn load(path: &Path, opts: &Options) -> Result<Profile> {
-    let capture = Capture::open(path)
-        .with_context(|| format!("cannot read capture {}", path.display()))?;
+    let capture =
+        Capture::open(path).with_context(|| format!("cannot read capture {}", path.display()))?;
     let profile =
         analyze(&capture, opts).with_context(|| format!("cannot analyse {}", path.display()))?;
     for w in &profile.warnings {

@@ -123,8 +123,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
     }));
     if damaged > 0 {
         warnings.push(crate::Warning {
-            message: "stripped capture: samples naming frames it does not hold were skipped"
-                .into(),
+            message: "stripped capture: samples naming frames it does not hold were skipped".into(),
             count: damaged,
         });
     }
@@ -168,7 +167,9 @@ fn frame(f: &ResolvedFrame) -> Frame {
             resolved_frame_kind::LUA => FrameKind::Lua,
             _ => FrameKind::User,
         },
-        lines: f.lua_lines.map(|(first, current)| LuaLines { first, current }),
+        lines: f
+            .lua_lines
+            .map(|(first, current)| LuaLines { first, current }),
         jit: f.jit,
     }
 }

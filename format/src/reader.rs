@@ -176,6 +176,30 @@ impl Capture {
         (records, warnings)
     }
 
+    /// A chunk's records as stored: its payload inflated, not decoded.
+    pub fn inflate_chunk(&self, chunk: &ChunkRef) -> Result<Vec<u8>, ReadWarning> {
+        let mut raw = Vec::new();
+        self.inflate_into(chunk, &mut raw).map(|()| raw)
+    }
+
+    /// Inflates a chunk's payload into `raw` (cleared first; left empty on damage).
+    fn inflate_into(&self, chunk: &ChunkRef, raw: &mut Vec<u8>) -> Result<(), ReadWarning> {
+        let start = chunk.offset as usize + CHUNK_HEADER_LEN;
+        let payload = &self.data()[start..start + chunk.compressed_len as usize];
+        raw.clear();
+        raw.reserve(chunk.uncompressed_len as usize);
+        // Inflates into the spare capacity: no zeroing of the buffer first.
+        let inflated =
+            zstd::bulk::Decompressor::new().and_then(|mut d| d.decompress_to_buffer(payload, raw));
+        let damage = match inflated {
+            Ok(n) if n == chunk.uncompressed_len as usize => return Ok(()),
+            Ok(n) => format!("inflates to {n} bytes"),
+            Err(e) => format!("zstd: {e}"),
+        };
+        raw.clear();
+        Err(corrupt(chunk, damage))
+    }
+
     /// Decodes one chunk in place, calling `visit` on each record whose kind `want`
     /// accepts; other records are skipped without being decoded. Samples borrow their
     /// stack bytes from a per-thread buffer, so nothing is copied or allocated per
@@ -187,26 +211,11 @@ impl Capture {
         mut visit: impl FnMut(RecordRef<'_>),
     ) -> Vec<ReadWarning> {
         let mut warnings = Vec::new();
-        let start = chunk.offset as usize + CHUNK_HEADER_LEN;
-        let payload = &self.data()[start..start + chunk.compressed_len as usize];
         // Reuse one buffer per thread: fresh multi-MiB buffers cost more in page faults
         // than decompression itself.
         let mut raw = CHUNK_BUFFER.with(|b| b.take());
-        raw.clear();
-        raw.reserve(chunk.uncompressed_len as usize);
-        // Inflates into the spare capacity: no zeroing of the buffer first.
-        let inflated = zstd::bulk::Decompressor::new()
-            .and_then(|mut d| d.decompress_to_buffer(payload, &mut raw));
-        match inflated {
-            Ok(n) if n == chunk.uncompressed_len as usize => {}
-            Ok(n) => {
-                warnings.push(corrupt(chunk, format!("inflates to {n} bytes")));
-                raw.clear();
-            }
-            Err(e) => {
-                warnings.push(corrupt(chunk, format!("zstd: {e}")));
-                raw.clear();
-            }
+        if let Err(w) = self.inflate_into(chunk, &mut raw) {
+            warnings.push(w);
         }
         let mut unknown: Vec<(u16, u64)> = Vec::new();
         let mut pos = 0usize;

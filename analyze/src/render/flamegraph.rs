@@ -18,7 +18,11 @@ pub fn write_flamegraph(
     let h = &profile.header;
     let title = match h.frequency_hz {
         0 => command(profile),
-        hz => format!("{} ({hz} Hz, {} samples)", command(profile), profile.stats.samples),
+        hz => format!(
+            "{} ({hz} Hz, {} samples)",
+            command(profile),
+            profile.stats.samples
+        ),
     };
     draw(&lines, title, out)
 }

@@ -1,0 +1,167 @@
+//! Issue 9, acceptance 3 and 4: `--diff` of two captures measures the change of a hot
+//! function's share; `--strip` removes a secret the target held on its stack and changes
+//! no stack; `--time` slices.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use lrec_e2e::*;
+
+/// The secret fixtures/workloads/share.c keeps on its stack.
+const SECRET: &[u8] = b"LREC-SECRET-4f1d9a7c-do-not-share";
+
+fn lanalyze(args: &[&std::ffi::OsStr]) -> String {
+    let out = run(Command::new(bin("lanalyze")).args(args));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `share SECONDS HOT_PERCENT` recorded at 999 Hz (thousands of samples: the share of a
+/// function is known to about a point).
+fn record_share(cap: &Path, secs: &str, hot_percent: &str) {
+    record_command(
+        cap,
+        999,
+        &[
+            fixture("share").as_ref(),
+            secs.as_ref(),
+            hot_percent.as_ref(),
+        ],
+    );
+}
+
+/// In how many chunks of the capture, inflated, `needle` occurs; and in how many bytes
+/// of the file as stored.
+fn occurrences(cap: &Path, needle: &[u8]) -> (usize, usize) {
+    let count = |hay: &[u8]| hay.windows(needle.len()).filter(|w| *w == needle).count();
+    let capture = lrec_format::Capture::open(cap).unwrap();
+    let in_chunks = capture
+        .chunks()
+        .iter()
+        .map(|c| count(&capture.inflate_chunk(c).expect("chunk inflates")))
+        .sum();
+    (in_chunks, count(&std::fs::read(cap).unwrap()))
+}
+
+#[test]
+fn diff_top_measures_the_change_of_share() {
+    let Some(_guard) = bpf_test("diff_top_measures_the_change_of_share") else {
+        return;
+    };
+    let dir = tempfile_dir("diff");
+    let (before, after) = (dir.join("before.lrec"), dir.join("after.lrec"));
+    record_share(&before, "4", "30");
+    record_share(&after, "4", "60");
+    let top = lanalyze(&[
+        "--diff".as_ref(),
+        before.as_ref(),
+        after.as_ref(),
+        "--top".as_ref(),
+        "10".as_ref(),
+    ]);
+    eprintln!("{top}");
+    let hot = top
+        .lines()
+        .find(|l| l.ends_with(" hot"))
+        .unwrap_or_else(|| panic!("no line for hot in:\n{top}"));
+    // SELF%- SELF%+ ΔSELF TOTAL%- TOTAL%+ ΔTOTAL FUNCTION
+    let delta: f64 = hot.split_whitespace().nth(2).unwrap()[..]
+        .trim_end_matches("pt")
+        .parse()
+        .unwrap();
+    assert!(
+        (delta - 30.0).abs() <= 3.0,
+        "hot moved from 30 % to 60 % of the CPU time, the diff says {delta:+.2} points"
+    );
+    let svg = dir.join("diff.svg");
+    lanalyze(&[
+        "--diff".as_ref(),
+        before.as_ref(),
+        after.as_ref(),
+        "--flamegraph".as_ref(),
+        "-o".as_ref(),
+        svg.as_ref(),
+    ]);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(
+        svg.contains("hot") && svg.contains("<svg"),
+        "no differential flame graph"
+    );
+}
+
+#[test]
+fn strip_removes_the_secret_and_keeps_every_stack() {
+    let Some(_guard) = bpf_test("strip_removes_the_secret_and_keeps_every_stack") else {
+        return;
+    };
+    let dir = tempfile_dir("strip");
+    let (raw, shared) = (dir.join("raw.lrec"), dir.join("shared.lrec"));
+    record_share(&raw, "2", "50");
+    let (in_chunks, in_file) = occurrences(&raw, SECRET);
+    eprintln!(
+        "raw capture: the secret occurs {in_chunks} times in its inflated chunks, \
+         {in_file} times in the file as stored"
+    );
+    assert!(in_chunks > 0, "the workload's secret was never recorded");
+    let raw_mode = std::fs::metadata(&raw).unwrap().permissions().mode() & 0o777;
+    eprintln!("raw capture mode {raw_mode:o}");
+
+    lanalyze(&[
+        raw.as_ref(),
+        "--strip".as_ref(),
+        "-o".as_ref(),
+        shared.as_ref(),
+    ]);
+    assert_eq!(
+        occurrences(&shared, SECRET),
+        (0, 0),
+        "the stripped capture holds the secret"
+    );
+    let mode = std::fs::metadata(&shared).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a stripped capture is private to its owner");
+    eprintln!(
+        "raw {} bytes, stripped {} bytes",
+        std::fs::metadata(&raw).unwrap().len(),
+        std::fs::metadata(&shared).unwrap().len()
+    );
+
+    for args in [
+        &["--folded"][..],
+        &["--folded", "--per-pid", "--lines"],
+        &["--top", "20"],
+        &["--folded", "--time", "0.5..1.5"],
+        &["--info"],
+    ] {
+        let of = |cap: &Path| {
+            let mut a: Vec<&std::ffi::OsStr> = vec![cap.as_ref()];
+            a.extend(args.iter().map(std::ffi::OsStr::new));
+            lanalyze(&a)
+        };
+        let (a, b) = (of(&raw), of(&shared));
+        assert!(!a.is_empty());
+        assert_eq!(
+            a, b,
+            "lanalyze {args:?} differs between raw and stripped captures"
+        );
+    }
+
+    // --time keeps the samples of its window: about a second of a 2 s run.
+    let all: u64 = parse_folded(&lanalyze(&[shared.as_ref(), "--folded".as_ref()]))
+        .iter()
+        .map(|s| s.1)
+        .sum();
+    let window: u64 = parse_folded(&lanalyze(&[
+        shared.as_ref(),
+        "--folded".as_ref(),
+        "--time".as_ref(),
+        "0.5..1.5".as_ref(),
+    ]))
+    .iter()
+    .map(|s| s.1)
+    .sum();
+    eprintln!("--time 0.5..1.5: {window} of {all} samples");
+    assert!(
+        (window as f64) > 0.4 * all as f64 && (window as f64) < 0.6 * all as f64,
+        "--time 0.5..1.5 kept {window} of {all} samples of a 2 s run"
+    );
+}
