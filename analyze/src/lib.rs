@@ -156,3 +156,22 @@ pub fn analyze_with(
     profile.naming = opts.naming;
     Ok(profile)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_windows_parse_with_open_ends_and_reject_nonsense() {
+        let r: TimeRange = "2..5.5".parse().unwrap();
+        assert_eq!((r.from, r.to), (2.0, 5.5));
+        assert!(r.contains(2_000_000_000) && !r.contains(5_500_000_000));
+        let r: TimeRange = "10..".parse().unwrap();
+        assert!(r.contains(u64::MAX / 2) && !r.contains(9_999_999_999));
+        let r: TimeRange = "..3".parse().unwrap();
+        assert!(r.contains(0));
+        for bad in ["5", "5..2", "a..b", "-1..2", "3..3"] {
+            assert!(bad.parse::<TimeRange>().is_err(), "{bad}");
+        }
+    }
+}

@@ -121,6 +121,15 @@ fn run(cli: Cli) -> Result<()> {
     if cli.diff && (cli.pprof || cli.speedscope || cli.firefox || cli.strip) {
         bail!("--diff draws --flamegraph, --folded or --top (the default)");
     }
+    if let Some(out) = &cli.output {
+        let same = |c: &PathBuf| std::fs::canonicalize(c).ok() == std::fs::canonicalize(out).ok();
+        if out.exists() && cli.captures.iter().any(same) {
+            bail!(
+                "-o {} would overwrite the capture being read; write to another file",
+                out.display()
+            );
+        }
+    }
     let binary = cli.pprof || cli.strip;
     if binary && cli.output.is_none() && io::stdout().is_terminal() {
         bail!("this output is binary; write it to a file with -o FILE");
