@@ -312,13 +312,23 @@ extern "C" fn on_signal(sig: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished.
-pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to atomics.
+/// Set by SIGUSR1 in flight-recorder mode: write the window out.
+pub static DUMP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_dump_signal(_: libc::c_int) {
+    DUMP.store(true, Ordering::Relaxed);
+}
+
+/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished;
+/// with `flight`, SIGUSR1 to [`DUMP`] (otherwise it keeps its default action).
+pub fn install_signal_handlers(flight: bool) {
+    let dump = flight.then_some((libc::SIGUSR1, on_dump_signal as extern "C" fn(_)));
+    let stops = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP].map(|s| (s, on_signal as _));
+    for (sig, handler) in stops.into_iter().chain(dump) {
+        // SAFETY: the handlers only store to atomics.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_sigaction = handler as *const () as usize;
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }
