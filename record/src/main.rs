@@ -156,7 +156,7 @@ fn run(args: Args) -> Result<()> {
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); lrec needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
-    target::install_signal_handlers(args.flight.is_some());
+    target::install_signal_handlers();
     let mut target = match &args.pid {
         Some(pids) if !pids.is_empty() => target::Target::attach_all(pids)?,
         Some(_) => bail!("-p needs a process id"),

@@ -164,7 +164,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
             last_flush = Instant::now();
         }
         if DUMP.swap(false, Ordering::Relaxed) {
-            rec.dump("SIGUSR1")?;
+            match args.flight {
+                Some(_) => rec.dump("SIGUSR1")?,
+                None => eprintln!("lrec: SIGUSR1 does nothing without --flight; recording goes on"),
+            }
         }
         if status && last_status.elapsed() >= Duration::from_secs(1) {
             rec.print_status(started.elapsed());

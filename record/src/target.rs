@@ -312,19 +312,24 @@ extern "C" fn on_signal(sig: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// Set by SIGUSR1 in flight-recorder mode: write the window out.
+/// Set by SIGUSR1: the flight recorder writes its window out.
 pub static DUMP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_dump_signal(_: libc::c_int) {
     DUMP.store(true, Ordering::Relaxed);
 }
 
-/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished;
-/// with `flight`, SIGUSR1 to [`DUMP`] (otherwise it keeps its default action).
-pub fn install_signal_handlers(flight: bool) {
-    let dump = flight.then_some((libc::SIGUSR1, on_dump_signal as extern "C" fn(_)));
-    let stops = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP].map(|s| (s, on_signal as _));
-    for (sig, handler) in stops.into_iter().chain(dump) {
+/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished,
+/// and SIGUSR1 to [`DUMP`] (without --flight it is only said to do nothing, rather than
+/// ending lrec unfinished).
+pub fn install_signal_handlers() {
+    let handlers: [(libc::c_int, extern "C" fn(libc::c_int)); 4] = [
+        (libc::SIGINT, on_signal),
+        (libc::SIGTERM, on_signal),
+        (libc::SIGHUP, on_signal),
+        (libc::SIGUSR1, on_dump_signal),
+    ];
+    for (sig, handler) in handlers {
         // SAFETY: the handlers only store to atomics.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
