@@ -1,6 +1,6 @@
 //! Writes records into compressed, checksummed chunks.
 
-use std::io::Write;
+use std::io::{self, Write};
 
 use crate::v1::{kind, Header, Record};
 use crate::{
@@ -18,13 +18,113 @@ struct Pending {
     kinds: u32,
 }
 
+impl Pending {
+    fn push(&mut self, record: &Record) -> Result<(), FormatError> {
+        let buf = &mut self.buf;
+        let start = buf.len();
+        buf.extend_from_slice(&record.kind().to_le_bytes());
+        buf.extend_from_slice(&[0; 4]);
+        if let Err(e) = record.encode_payload(buf) {
+            buf.truncate(start);
+            return Err(e.into());
+        }
+        let len = (buf.len() - start - 6) as u32;
+        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
+        self.records += 1;
+        self.kinds |= kind_bit(record.kind());
+        Ok(())
+    }
+
+    fn encode(&self, level: i32) -> Result<Chunk, FormatError> {
+        let payload = zstd::bulk::compress(&self.buf, level)?;
+        let mut bytes = Vec::with_capacity(CHUNK_HEADER_LEN + payload.len());
+        bytes.extend_from_slice(&CHUNK_MAGIC.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&(self.buf.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&self.records.to_le_bytes());
+        bytes.extend_from_slice(&self.kinds.to_le_bytes());
+        let crc = chunk_crc(&bytes[..20], &payload);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        Ok(Chunk { bytes })
+    }
+}
+
+/// One complete chunk as it appears in a capture: header and compressed records.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Chunk {
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chunk")
+            .field("len", &self.bytes.len())
+            .field("records", &self.records())
+            .field("kinds", &format_args!("{:#x}", self.kinds()))
+            .finish()
+    }
+}
+
+impl Chunk {
+    /// Encodes `records` as one chunk (zstd `level`), in order.
+    pub fn encode(records: &[Record], level: i32) -> Result<Chunk, FormatError> {
+        let mut pending = Pending::default();
+        for r in records {
+            pending.push(r)?;
+        }
+        pending.encode(level)
+    }
+
+    /// The chunk's bytes, to be written as they are.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    fn word(&self, at: usize) -> u32 {
+        u32::from_le_bytes(self.bytes[at..at + 4].try_into().unwrap())
+    }
+
+    /// Bit `k` set: the chunk holds records of kind `k` (see [`crate::kind_bit`]).
+    pub fn kinds(&self) -> u32 {
+        self.word(16)
+    }
+
+    pub fn records(&self) -> u32 {
+        self.word(12)
+    }
+}
+
+/// Where a [`CaptureWriter`] puts a capture: the file header once, then whole chunks.
+/// Every [`io::Write`] is one (it gets the capture's bytes in order); lrec's flight
+/// recorder keeps the chunks apart instead, to drop old samples and write the rest later.
+pub trait CaptureSink {
+    fn write_file_header(&mut self, bytes: &[u8]) -> io::Result<()>;
+    fn write_chunk(&mut self, chunk: Chunk) -> io::Result<()>;
+    fn flush(&mut self) -> io::Result<()>;
+}
+
+impl<W: Write> CaptureSink for W {
+    fn write_file_header(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.write_all(bytes)
+    }
+
+    fn write_chunk(&mut self, chunk: Chunk) -> io::Result<()> {
+        self.write_all(chunk.as_bytes())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Write::flush(self)
+    }
+}
+
 /// Streams records into a capture. Call [`CaptureWriter::flush`] periodically so that a
 /// crash loses at most what was buffered since; [`CaptureWriter::finish`] at the end.
 ///
 /// Samples and all other records go into separate chunks, so that a reader after the few
 /// metadata records (mappings, binaries, names) never inflates samples, and one after
 /// samples never inflates the embedded binaries. A flush writes the metadata chunk first.
-pub struct CaptureWriter<W: Write> {
+pub struct CaptureWriter<W: CaptureSink> {
     out: W,
     meta: Pending,
     samples: Pending,
@@ -33,12 +133,13 @@ pub struct CaptureWriter<W: Write> {
     bytes_written: u64,
 }
 
-impl<W: Write> CaptureWriter<W> {
+impl<W: CaptureSink> CaptureWriter<W> {
     /// Writes the file header and a first chunk holding `header`.
     pub fn new(mut out: W, header: &Header) -> Result<Self, FormatError> {
-        out.write_all(&MAGIC)?;
-        out.write_all(&FORMAT_VERSION.to_le_bytes())?;
-        out.write_all(&0u16.to_le_bytes())?;
+        let mut file_header = [0u8; crate::FILE_HEADER_LEN];
+        file_header[..8].copy_from_slice(&MAGIC);
+        file_header[8..10].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.write_file_header(&file_header)?;
         let mut w = CaptureWriter {
             out,
             meta: Pending::default(),
@@ -67,6 +168,15 @@ impl<W: Write> CaptureWriter<W> {
         self.bytes_written
     }
 
+    pub fn get_ref(&self) -> &W {
+        &self.out
+    }
+
+    /// The output; writing to it directly would put bytes between chunks.
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
     /// Buffers one record; writes a chunk when the buffer reaches the chunk target.
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
         // A sample's Lua frames travel with it, just before it in the same chunk.
@@ -76,19 +186,7 @@ impl<W: Write> CaptureWriter<W> {
         } else {
             &mut self.meta
         };
-        let buf = &mut pending.buf;
-        let start = buf.len();
-        buf.extend_from_slice(&record.kind().to_le_bytes());
-        buf.extend_from_slice(&[0; 4]);
-        let res = record.encode_payload(buf);
-        if let Err(e) = res {
-            buf.truncate(start);
-            return Err(e.into());
-        }
-        let len = (buf.len() - start - 6) as u32;
-        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
-        pending.records += 1;
-        pending.kinds |= kind_bit(record.kind());
+        pending.push(record)?;
         if pending.buf.len() >= self.chunk_target && record.kind() != kind::LUA_STACK {
             self.flush()?;
         }
@@ -120,18 +218,9 @@ impl<W: Write> CaptureWriter<W> {
         if p.records == 0 {
             return Ok(());
         }
-        let payload = zstd::bulk::compress(&p.buf, self.level)?;
-        let mut head = [0u8; CHUNK_HEADER_LEN];
-        head[0..4].copy_from_slice(&CHUNK_MAGIC.to_le_bytes());
-        head[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        head[8..12].copy_from_slice(&(p.buf.len() as u32).to_le_bytes());
-        head[12..16].copy_from_slice(&p.records.to_le_bytes());
-        head[16..20].copy_from_slice(&p.kinds.to_le_bytes());
-        let crc = chunk_crc(&head[..20], &payload);
-        head[20..24].copy_from_slice(&crc.to_le_bytes());
-        self.out.write_all(&head)?;
-        self.out.write_all(&payload)?;
-        self.bytes_written += (head.len() + payload.len()) as u64;
+        let chunk = p.encode(self.level)?;
+        self.bytes_written += chunk.as_bytes().len() as u64;
+        self.out.write_chunk(chunk)?;
         Ok(())
     }
 

@@ -238,3 +238,74 @@ proptest! {
         damage_never_panics(&bytes);
     }
 }
+
+/// A sink that keeps chunks apart, as lrec's flight recorder does.
+#[derive(Default)]
+struct Apart {
+    file_header: Vec<u8>,
+    chunks: Vec<Chunk>,
+}
+
+impl CaptureSink for Apart {
+    fn write_file_header(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.file_header = bytes.to_vec();
+        Ok(())
+    }
+
+    fn write_chunk(&mut self, chunk: Chunk) -> std::io::Result<()> {
+        self.chunks.push(chunk);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Chunks kept apart, some dropped, and one encoded on its own still make a capture.
+#[test]
+fn chunks_kept_apart_make_a_capture_again() {
+    let mut w = CaptureWriter::new(Apart::default(), &Header::default()).unwrap();
+    for i in 0..6 {
+        w.push(&Record::Sample(sample(i))).unwrap();
+        w.push(&Record::ThreadName(ThreadName {
+            pid: 42,
+            tid: i as u32,
+            name: format!("t{i}"),
+        }))
+        .unwrap();
+        w.flush().unwrap();
+    }
+    let apart = w.finish().unwrap();
+    let is_samples = |c: &Chunk| c.kinds() == kind_bit(kind::SAMPLE);
+    // Header chunk, then a metadata and a sample chunk per flush.
+    assert_eq!(apart.chunks.len(), 13, "{:?}", apart.chunks);
+    assert_eq!(apart.chunks.iter().filter(|c| is_samples(c)).count(), 6);
+    // Keep the metadata and the last two sample chunks, and add an end.
+    let mut bytes = apart.file_header.clone();
+    let samples: Vec<&Chunk> = apart.chunks.iter().filter(|c| is_samples(c)).collect();
+    for c in apart.chunks.iter().filter(|c| !is_samples(c)) {
+        bytes.extend_from_slice(c.as_bytes());
+    }
+    for c in &samples[4..] {
+        bytes.extend_from_slice(c.as_bytes());
+    }
+    let end = Chunk::encode(&[Record::End(End::default())], 3).unwrap();
+    assert_eq!((end.records(), end.kinds()), (1, kind_bit(kind::END)));
+    bytes.extend_from_slice(end.as_bytes());
+    let (records, warnings) = Capture::from_bytes(bytes).unwrap().read_all();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let times: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Sample(s) => Some(s.time_ns),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(times, [1_004, 1_005]);
+    let names = records
+        .iter()
+        .filter(|r| matches!(r, Record::ThreadName(_)))
+        .count();
+    assert_eq!(names, 6);
+}

@@ -6,7 +6,6 @@ use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::thread::JoinHandle;
 
 use lrec_format::Binary;
 
@@ -25,17 +24,19 @@ pub struct Job {
     pub debug_dir: PathBuf,
 }
 
+/// The embedding thread (it ends when this is dropped, after its current job).
 pub struct Embedder {
-    jobs: Option<Sender<Job>>,
+    jobs: Sender<Job>,
     done: Receiver<Binary>,
-    worker: Option<JoinHandle<()>>,
+    /// Jobs submitted and not yet handed back.
+    queued: usize,
 }
 
 impl Embedder {
     pub fn new() -> Embedder {
         let (jobs, inbox) = channel::<Job>();
         let (outbox, done) = channel();
-        let worker = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("lrec-embed".into())
             .spawn(move || {
                 for job in inbox {
@@ -46,31 +47,38 @@ impl Embedder {
             })
             .expect("spawning the embedding thread");
         Embedder {
-            jobs: Some(jobs),
+            jobs,
             done,
-            worker: Some(worker),
+            queued: 0,
         }
     }
 
-    pub fn submit(&self, job: Job) {
-        if let Some(jobs) = &self.jobs {
-            // The worker only stops when `jobs` is dropped.
-            let _ = jobs.send(job);
+    pub fn submit(&mut self, job: Job) {
+        if self.jobs.send(job).is_ok() {
+            self.queued += 1;
         }
     }
 
     /// Binaries finished so far.
-    pub fn finished(&self) -> impl Iterator<Item = Binary> + '_ {
-        self.done.try_iter()
+    pub fn finished(&mut self) -> Vec<Binary> {
+        let done: Vec<Binary> = self.done.try_iter().collect();
+        self.queued -= done.len();
+        done
     }
 
-    /// Waits for every submitted binary.
-    pub fn finish(&mut self) -> Vec<Binary> {
-        self.jobs = None;
-        if let Some(w) = self.worker.take() {
-            let _ = w.join();
+    /// Waits for every binary submitted so far; more may be submitted afterwards.
+    pub fn wait(&mut self) -> Vec<Binary> {
+        let mut done = Vec::with_capacity(self.queued);
+        while self.queued > 0 {
+            let Ok(binary) = self.done.recv() else {
+                // The worker died (a panic): what it did not finish never comes.
+                self.queued = 0;
+                break;
+            };
+            self.queued -= 1;
+            done.push(binary);
         }
-        self.done.try_iter().collect()
+        done
     }
 }
 

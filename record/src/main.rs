@@ -1,11 +1,13 @@
 //! lrec: records a process with eBPF into a self-contained capture for lanalyze.
 
 mod embedder;
+mod flight;
 mod kallsyms;
 mod lua;
 mod luajit;
 mod luajit_builtins;
 mod luajit_bytecode;
+mod output;
 mod procfs;
 mod puc;
 mod puc_names;
@@ -16,7 +18,7 @@ mod target;
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 
 const EXAMPLES: &str = "\
@@ -32,13 +34,21 @@ EXAMPLES:
         lanalyze run.lrec --flamegraph -o run.svg
         lanalyze run.lrec --top 20
 
-Stop early with Ctrl-C: the capture is always finished and readable. lrec needs root
-(or CAP_BPF + CAP_PERFMON) and a kernel with BTF (/sys/kernel/btf/vmlinux).";
+    Flight recorder: keep the last 30 s in memory and write them when asked (the
+    recording goes on), and once more when lrec stops or the target exits:
+        sudo lrec -p 1234 --flight 30 -o incident.lrec &
+        sudo kill -USR1 $!            # writes incident.1.lrec, then incident.2.lrec, …
+
+Stop early with Ctrl-C: the capture is always finished and readable. If the disk fills
+up, lrec stops with an error; the capture is readable up to its last complete chunk.
+Captures are created with mode 0600 (they hold stack memory). lrec needs root (or
+CAP_BPF + CAP_PERFMON) and a kernel with BTF (/sys/kernel/btf/vmlinux).";
 
 /// Records a process's user registers, user stacks and kernel stacks with eBPF into one
 /// compressed capture that lanalyze unwinds and symbolizes offline.
 #[derive(Parser, Debug)]
 #[command(name = "lrec", version, after_help = EXAMPLES)]
+#[command(group(clap::ArgGroup::new("target").args(["pid", "command"])))]
 pub struct Args {
     /// Record these running processes (`-p 12,34`): all their threads, also ones created
     /// later, and the processes they fork (see --no-children).
@@ -61,6 +71,12 @@ pub struct Args {
     /// Samples per second per thread on CPU.
     #[arg(short = 'F', long, default_value_t = 99, value_name = "HZ")]
     pub frequency: u64,
+    /// Flight recorder: keep only the last SECS seconds of samples, in bounded memory, and
+    /// write them as a capture on SIGUSR1 (recording goes on), on Ctrl-C/SIGTERM, at the
+    /// end of -d and when the target exits. With `-o out.lrec` the captures are
+    /// out.1.lrec, out.2.lrec, … (default: lrec-PID.1.lrec, …).
+    #[arg(long, value_name = "SECS", requires = "target", value_parser = positive_secs)]
+    pub flight: Option<f64>,
     /// Output file (default: lrec-PID.lrec in the current directory).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -85,6 +101,13 @@ pub struct Args {
     /// The command to start and record.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+fn positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err("must be a positive number of seconds".into()),
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +168,11 @@ fn run(args: Args) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from(format!("lrec-{}.lrec", target.pid)));
     let result = recorder::record(&args, &mut target, &output);
     target.stop_child();
-    result.with_context(|| format!("recording into {}", output.display()))
+    result.map_err(|e| match e.is::<output::WriteFailed>() {
+        // It names the file already.
+        true => e,
+        false => e.context(format!("recording into {}", output.display())),
+    })
 }
 
 /// What to do about the errors users meet most.

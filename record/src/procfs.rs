@@ -384,6 +384,25 @@ fn c_chars_to_string(chars: &[libc::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// The first 64 KiB of a mapped file: enough for the ELF headers and build-id note.
+pub fn read_mapped_head(pid: u32, entry: &MapsEntry) -> Option<Vec<u8>> {
+    use io::Read;
+    let f = open_mapped_file(pid, entry).ok()?;
+    let mut v = Vec::new();
+    f.take(64 << 10).read_to_end(&mut v).ok()?;
+    Some(v)
+}
+
+/// Reads the target's memory (the vDSO, which has no file).
+pub fn read_memory(pid: u32, addr: u64, len: u64) -> io::Result<Vec<u8>> {
+    use io::{Read, Seek};
+    let mut f = File::open(format!("/proc/{pid}/mem"))?;
+    f.seek(io::SeekFrom::Start(addr))?;
+    let mut v = vec![0; len as usize];
+    f.read_exact(&mut v)?;
+    Ok(v)
+}
+
 /// `uname -r`.
 pub fn kernel_release() -> String {
     c_chars_to_string(&uname().release)

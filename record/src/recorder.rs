@@ -2,27 +2,34 @@
 //! mappings, thread names and binaries' unwind/symbol sections into the capture.
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
-use std::io::{self, BufWriter, IsTerminal, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, IsTerminal, Read};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lrec_format::{Binary, CaptureWriter, End, Header, Lost, Record, ThreadName};
+use lrec_format::{Binary, CaptureWriter, FormatError, Header, Lost, Record, ThreadName};
 
 use crate::embedder::{Embedder, Job};
+use crate::flight::Flight;
+use crate::kallsyms::KallsymsTable;
 use crate::lua::{LuaVms, VmCode};
+use crate::output::{self, Output, WriteFailed};
 use crate::procfs::{self, MapsEntry};
 use crate::raw::RawSample;
 use crate::sampler::{Drained, Sampler, SamplerConfig};
-use crate::target::{Exit, Target, STOP, STOP_SIGNAL};
+use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
+
+mod ending;
 use crate::{Args, DebugMode};
+use ending::Kallsyms;
 use lrec_format::elf::{self, DebugInfo};
 
 /// How often buffered samples are written out as a chunk: at most this much is lost if
 /// lrec is killed.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+/// The flight recorder's chunks: its window is kept to within this.
+const FLIGHT_FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// At most this often is /proc/PID/maps re-read because a sample fell outside it.
 const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
 /// Re-read /proc/PID/maps this often anyway: libraries that appear only in return
@@ -31,7 +38,26 @@ const MAPS_REFRESH: Duration = Duration::from_millis(100);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
 const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
 
+/// Records until the target exits, -d ends or a signal; writes the capture to `output`
+/// or, with `--flight`, the window to numbered files next to it.
 pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
+    let result = record_into(args, target, output);
+    if args.flight.is_some() {
+        return result;
+    }
+    // Failing to write the capture file (a full disk) is said with the file's name.
+    result.map_err(|e| match e.downcast::<FormatError>() {
+        Ok(FormatError::Io(error)) => WriteFailed {
+            path: output.to_path_buf(),
+            error,
+        }
+        .into(),
+        Ok(e) => e.into(),
+        Err(e) => e,
+    })
+}
+
+fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     let pid = target.pid;
     let header = Header {
         tool_version: format!("lrec {}", env!("CARGO_PKG_VERSION")),
@@ -47,8 +73,23 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         monotonic_start_ns: procfs::monotonic_ns(),
         target_pid: pid,
     };
-    let file = File::create(output).context("creating the output file")?;
-    let writer = CaptureWriter::new(BufWriter::with_capacity(1 << 20, file), &header)?;
+    let sink = match args.flight {
+        Some(secs) => {
+            let dir = output.parent().filter(|d| !d.as_os_str().is_empty());
+            if dir.is_some_and(|d| !d.is_dir()) {
+                anyhow::bail!(
+                    "no directory {} for the flight recorder's captures",
+                    dir.unwrap().display()
+                );
+            }
+            Output::Flight(Box::new(Flight::new(secs, header.clone(), output.into())))
+        }
+        None => {
+            let file = output::create_private(output).context("creating the output file")?;
+            Output::File(BufWriter::with_capacity(1 << 20, file))
+        }
+    };
+    let writer = CaptureWriter::new(sink, &header)?;
     let pids = target.initial_pids(!args.no_children);
     let sampler = Sampler::attach(&SamplerConfig {
         pids: pids.clone(),
@@ -62,8 +103,10 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         Ok(s) => s,
         Err(e) => {
             // Nothing was recorded: leave no empty capture behind.
-            drop(writer);
-            let _ = std::fs::remove_file(output);
+            if matches!(writer.get_ref(), Output::File(_)) {
+                drop(writer);
+                let _ = std::fs::remove_file(output);
+            }
             return Err(e.into());
         }
     };
@@ -85,6 +128,10 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
 
     let started = Instant::now();
     let deadline = args.duration.map(Duration::from_secs_f64);
+    let flush_every = match args.flight {
+        Some(_) => FLIGHT_FLUSH_EVERY,
+        None => FLUSH_EVERY,
+    };
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let reason = loop {
@@ -112,9 +159,15 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
         for msg in rec.lua.messages.drain(..) {
             eprintln!("lrec: {msg}");
         }
-        if last_flush.elapsed() >= FLUSH_EVERY {
+        if last_flush.elapsed() >= flush_every {
             rec.flush()?;
             last_flush = Instant::now();
+        }
+        if DUMP.swap(false, Ordering::Relaxed) {
+            match args.flight {
+                Some(_) => rec.dump("SIGUSR1")?,
+                None => eprintln!("lrec: SIGUSR1 does nothing without --flight; recording goes on"),
+            }
         }
         if status && last_status.elapsed() >= Duration::from_secs(1) {
             rec.print_status(started.elapsed());
@@ -145,28 +198,19 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     // Detaching waits ~0.1 s in the kernel (the perf events' BPF links): meanwhile the
     // capture is finished.
     let detach = std::thread::spawn(move || drop(sampler));
+    let elapsed = started.elapsed();
+    if args.flight.is_some() {
+        rec.dump(&reason)?;
+        let _ = detach.join();
+        if !args.quiet {
+            rec.print_flight_summary(elapsed, &reason);
+        }
+        return Ok(());
+    }
     let summary = rec.finish(&reason)?;
     let _ = detach.join();
     if !args.quiet {
-        eprintln!(
-            "lrec: {} samples ({} lost) from {} threads in {:.1} s, {reason}\n\
-             lrec: wrote {} ({}, {} B/sample)\n\
-             lrec: next: lanalyze {} --flamegraph -o flame.svg",
-            summary.samples,
-            summary.lost,
-            summary.threads,
-            started.elapsed().as_secs_f64(),
-            output.display(),
-            human_bytes(summary.bytes),
-            summary.bytes.checked_div(summary.samples).unwrap_or(0),
-            output.display(),
-        );
-        if let Some((runs, time)) = bpf_cost {
-            eprintln!(
-                "lrec: BPF sampler: {runs} runs, {:.1} us per run (kernel.bpf_stats_enabled)",
-                time.as_nanos() as f64 / runs as f64 / 1000.0
-            );
-        }
+        summary.print(elapsed, &reason, output, bpf_cost);
     }
     Ok(())
 }
@@ -180,13 +224,6 @@ fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
         Drained::LuaProto(bytes) => rec.lua.on_proto(bytes),
     });
     failure.map_or(Ok(()), Err)
-}
-
-pub struct Summary {
-    pub samples: u64,
-    pub lost: u64,
-    pub threads: usize,
-    pub bytes: u64,
 }
 
 /// A mapping already written to the capture.
@@ -228,7 +265,7 @@ impl Proc {
 
 struct Recording {
     debug: DebugInfo,
-    writer: CaptureWriter<BufWriter<File>>,
+    writer: CaptureWriter<Output>,
     procs: HashMap<u32, Proc>,
     /// Build-id per mapped file, keyed by (dev, inode, path).
     build_ids: HashMap<(u32, u32, u64, String), Option<Vec<u8>>>,
@@ -244,9 +281,8 @@ struct Recording {
     /// Binaries already looked at for an interpreter, by key.
     vm_checked: HashSet<Vec<u8>>,
     lua: LuaVms,
-    /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s).
-    kallsyms:
-        Option<std::thread::JoinHandle<Result<crate::kallsyms::KallsymsTable, procfs::ProcError>>>,
+    /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s), then kept.
+    kallsyms: Kallsyms,
     samples: u64,
     lost: u64,
 }
@@ -254,7 +290,7 @@ struct Recording {
 impl Recording {
     fn new(
         debug: DebugInfo,
-        writer: CaptureWriter<BufWriter<File>>,
+        writer: CaptureWriter<Output>,
         debug_dir: std::path::PathBuf,
     ) -> Recording {
         Recording {
@@ -269,7 +305,7 @@ impl Recording {
             vms: HashMap::new(),
             vm_checked: HashSet::new(),
             lua: LuaVms::default(),
-            kallsyms: Some(std::thread::spawn(crate::kallsyms::KallsymsTable::load)),
+            kallsyms: Kallsyms::Loading(std::thread::spawn(KallsymsTable::load)),
             samples: 0,
             lost: 0,
         }
@@ -316,6 +352,9 @@ impl Recording {
         if let Some(lua) = lua {
             self.writer.push(&Record::LuaStack(lua))?;
         }
+        if let Some(flight) = self.writer.get_mut().flight() {
+            flight.saw_sample(sample.time_ns);
+        }
         self.writer.push(&Record::Sample(sample))?;
         Ok(())
     }
@@ -334,10 +373,15 @@ impl Recording {
 
     fn note_lost(&mut self, total: u64) -> Result<()> {
         if total > self.lost {
-            self.writer.push(&Record::Lost(Lost {
+            let lost = Lost {
                 time_ns: procfs::monotonic_ns(),
                 count: total - self.lost,
-            }))?;
+            };
+            // The flight recorder keeps the window's lost counts itself.
+            match self.writer.get_mut().flight() {
+                Some(flight) => flight.note_lost(lost),
+                None => self.writer.push(&Record::Lost(lost))?,
+            }
             self.lost = total;
         }
         Ok(())
@@ -446,7 +490,7 @@ impl Recording {
         entry: &MapsEntry,
     ) -> (Option<Vec<u8>>, Option<io::Result<Vec<u8>>>) {
         if entry.path == "[vdso]" {
-            let memory = read_memory(pid, entry.start, entry.end - entry.start);
+            let memory = procfs::read_memory(pid, entry.start, entry.end - entry.start);
             let id = memory.as_ref().ok().and_then(|m| elf::build_id(m));
             return (id, Some(memory));
         }
@@ -459,10 +503,9 @@ impl Recording {
             entry.inode,
             entry.path.clone(),
         );
-        let id = self
-            .build_ids
-            .entry(key)
-            .or_insert_with(|| read_head(pid, entry).and_then(|d| elf::build_id(&d)));
+        let id = self.build_ids.entry(key).or_insert_with(|| {
+            procfs::read_mapped_head(pid, entry).and_then(|d| elf::build_id(&d))
+        });
         (id.clone(), None)
     }
 
@@ -496,10 +539,9 @@ impl Recording {
 
     /// Writes the binaries the embedding thread has finished; with `wait`, all of them.
     fn write_embedded(&mut self, wait: bool) -> Result<()> {
-        let done: Vec<Binary> = if wait {
-            self.embedder.finish()
-        } else {
-            self.embedder.finished().collect()
+        let done: Vec<Binary> = match wait {
+            true => self.embedder.wait(),
+            false => self.embedder.finished(),
         };
         for binary in done {
             let key = binary
@@ -595,99 +637,9 @@ impl Recording {
 
     fn flush(&mut self) -> Result<()> {
         self.writer.flush()?;
+        if let Some(flight) = self.writer.get_mut().flight() {
+            flight.evict(procfs::monotonic_ns());
+        }
         Ok(())
-    }
-
-    fn print_status(&self, elapsed: Duration) {
-        eprint!(
-            "\r\x1b[K[lrec] {:.0} s  {} samples  {} lost  {} threads  {}",
-            elapsed.as_secs_f64(),
-            self.samples,
-            self.lost,
-            self.procs.values().map(|p| p.threads.len()).sum::<usize>(),
-            human_bytes(self.writer.bytes_written()),
-        );
-    }
-
-    fn finish(mut self, reason: &str) -> Result<Summary> {
-        self.write_embedded(true)?;
-        // Threads may have renamed themselves since first seen.
-        for (&pid, proc) in &self.procs {
-            for (&tid, old) in &proc.threads {
-                if let Some(name) = procfs::thread_name(pid, tid) {
-                    if *old != name {
-                        self.writer
-                            .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
-                    }
-                }
-            }
-        }
-        let kallsyms = self.kallsyms.take().map(|t| t.join());
-        if !self.kernel_addrs.is_empty() {
-            match kallsyms.unwrap_or_else(|| Ok(crate::kallsyms::KallsymsTable::load())) {
-                Ok(Ok(table)) => {
-                    let syms = table.covering(self.kernel_addrs.iter().copied());
-                    self.writer.push(&Record::KernelSymbols(syms))?;
-                }
-                Ok(Err(e)) => eprintln!("lrec: warning: kernel frames stay unnamed: {e}"),
-                Err(_) => eprintln!("lrec: warning: kernel frames stay unnamed"),
-            }
-        }
-        self.writer.push(&Record::End(End {
-            time_ns: procfs::monotonic_ns(),
-            samples: self.samples,
-            lost: self.lost,
-            reason: reason.to_string(),
-        }))?;
-        let threads = self.procs.values().map(|p| p.threads.len()).sum::<usize>();
-        let mut out = self.writer.finish()?;
-        out.flush()?;
-        let bytes = out.get_ref().metadata().map(|m| m.len()).unwrap_or(0);
-        Ok(Summary {
-            samples: self.samples,
-            lost: self.lost,
-            threads,
-            bytes,
-        })
-    }
-}
-
-/// The first 64 KiB of a mapped file: enough for the ELF headers and build-id note.
-fn read_head(pid: u32, entry: &MapsEntry) -> Option<Vec<u8>> {
-    let mut f = procfs::open_mapped_file(pid, entry).ok()?;
-    let mut v = Vec::new();
-    Read::by_ref(&mut f)
-        .take(64 << 10)
-        .read_to_end(&mut v)
-        .ok()?;
-    Some(v)
-}
-
-/// Reads the target's memory (the vDSO, which has no file).
-fn read_memory(pid: u32, addr: u64, len: u64) -> io::Result<Vec<u8>> {
-    let mut f = File::open(format!("/proc/{pid}/mem"))?;
-    f.seek(SeekFrom::Start(addr))?;
-    let mut v = vec![0; len as usize];
-    f.read_exact(&mut v)?;
-    Ok(v)
-}
-
-fn human_bytes(n: u64) -> String {
-    match n {
-        n if n >= 10 << 20 => format!("{} MiB", n >> 20),
-        n if n >= 10 << 10 => format!("{} KiB", n >> 10),
-        n => format!("{n} B"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::human_bytes;
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(human_bytes(999), "999 B");
-        assert_eq!(human_bytes(20 << 10), "20 KiB");
-        assert_eq!(human_bytes(30 << 20), "30 MiB");
     }
 }

@@ -312,13 +312,28 @@ extern "C" fn on_signal(sig: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished.
+/// Set by SIGUSR1: the flight recorder writes its window out.
+pub static DUMP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_dump_signal(_: libc::c_int) {
+    DUMP.store(true, Ordering::Relaxed);
+}
+
+/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished,
+/// and SIGUSR1 to [`DUMP`] (without --flight it is only said to do nothing, rather than
+/// ending lrec unfinished).
 pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to atomics.
+    let handlers: [(libc::c_int, extern "C" fn(libc::c_int)); 4] = [
+        (libc::SIGINT, on_signal),
+        (libc::SIGTERM, on_signal),
+        (libc::SIGHUP, on_signal),
+        (libc::SIGUSR1, on_dump_signal),
+    ];
+    for (sig, handler) in handlers {
+        // SAFETY: the handlers only store to atomics.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_sigaction = handler as *const () as usize;
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
     }

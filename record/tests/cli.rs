@@ -57,3 +57,31 @@ fn a_missing_process_is_named() {
     let err = stderr_of(lrec().args(["-p", "2147483646", "-o", "/dev/null"]));
     assert!(err.contains("no such process: 2147483646"), "{err}");
 }
+
+#[test]
+fn flight_needs_a_target_and_a_positive_window() {
+    let out = lrec().args(["--flight", "5"]).assert().code(2);
+    let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+    assert!(err.contains("<--pid <PID>|CMD>"), "{err}");
+    for bad in ["0", "-1", "inf", "soon"] {
+        let out = lrec()
+            .args([&format!("--flight={bad}"), "--", "true"])
+            .assert()
+            .code(2);
+        let err = String::from_utf8(out.get_output().stderr.clone()).unwrap();
+        assert!(
+            err.contains("must be a positive number of seconds"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn help_explains_the_flight_recorder() {
+    let out = lrec().arg("--help").assert().success().get_output().clone();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("--flight <SECS>"), "{help}");
+    assert!(help.contains("kill -USR1"), "{help}");
+    assert!(help.contains("out.1.lrec"), "{help}");
+    assert!(help.contains("0600"), "{help}");
+}

@@ -119,6 +119,15 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
 }
 
+/// Says loudly that test `name` cannot run here (`why`) and skips it; under CI this is a
+/// failure instead.
+pub fn cannot_run(name: &str, why: &str) {
+    if in_ci() {
+        panic!("{name}: {why}");
+    }
+    eprintln!("\n!!!!!!!!!! SKIPPED {name}: {why} !!!!!!!!!!\n");
+}
+
 /// Takes the recording lock, or returns None (after saying why, loudly) when this is not
 /// root outside CI. Under CI a missing privilege is a failure, not a skip.
 pub fn bpf_test(name: &str) -> Option<MutexGuard<'static, ()>> {
