@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use lanalyze::{analyze, Options, Profile};
+use lanalyze::{analyze, FrameKind, Options, Profile};
 use lrec_format::Capture;
 use serde_json::Value;
 
@@ -173,4 +173,95 @@ fn the_speedscope_schema_rejects_what_speedscope_cannot_read() {
     let mut wrong_schema = doc;
     wrong_schema["$schema"] = "https://example.com/schema.json".into();
     assert!(!schema_errors(&validator, &wrong_schema).is_empty());
+}
+
+/// The Firefox Profiler reads what `fxprof-processed-profile` writes (it offers no
+/// validator); this checks that the profile's threads and samples all arrive.
+#[test]
+fn firefox_has_a_track_per_thread_with_all_its_samples() {
+    for name in CAPTURES {
+        let doc = export(name, "--firefox");
+        let text = serde_json::to_string(&doc).unwrap();
+        let again: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(again, doc, "{name}: JSON round trip");
+
+        let profile = profile(name);
+        let meta = &doc["meta"];
+        let categories: Vec<&str> = meta["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        for wanted in ["Lua", "JIT", "C / native", "Kernel", "GC"] {
+            assert!(categories.contains(&wanted), "{name}: {categories:?}");
+        }
+        let hz = f64::from(profile.header.frequency_hz);
+        // Whole nanoseconds, in milliseconds.
+        assert!((meta["interval"].as_f64().unwrap() - 1000.0 / hz).abs() < 1e-6);
+        let start_ms = profile.header.wall_clock_start_ns as f64 / 1e6;
+        assert!((meta["startTime"].as_f64().unwrap() - start_ms).abs() < 1.0);
+
+        let threads = doc["threads"].as_array().unwrap();
+        assert_eq!(threads.len(), profile.threads.len(), "{name}");
+        let mut lua_frames = 0;
+        for t in &profile.threads {
+            // The format writes pids and tids as strings.
+            let tid = t.tid.to_string();
+            let track = threads
+                .iter()
+                .find(|x| x["tid"] == tid.as_str())
+                .unwrap_or_else(|| panic!("{name}: no track for tid {}", t.tid));
+            assert_eq!(track["pid"], t.pid.to_string());
+            assert_eq!(track["isMainThread"], t.tid == t.pid);
+            // The profiler names a main thread after its process, which is named after it.
+            assert_eq!(track["name"], t.name);
+            let samples = &track["samples"];
+            assert_eq!(samples["length"].as_u64().unwrap(), t.samples, "{name}");
+            let deltas = samples["timeDeltas"].as_array().unwrap();
+            assert_eq!(deltas.len() as u64, t.samples);
+            assert!(deltas.iter().all(|d| d.as_f64().unwrap() >= 0.0));
+            let weights = samples["weight"].as_array().unwrap();
+            assert!(weights.iter().all(|w| w == 1));
+            let lua = categories.iter().position(|&c| c == "Lua").unwrap();
+            lua_frames += track["frameTable"]["category"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|&c| c == lua)
+                .count();
+        }
+        let has_lua = profile.frames.iter().any(|f| f.kind == FrameKind::Lua);
+        assert_eq!(
+            lua_frames > 0,
+            has_lua,
+            "{name}: Lua frames in the Lua category"
+        );
+
+        // The capture's counts ride on the recorded process's main thread.
+        let target = profile.header.target_pid.to_string();
+        let main = threads
+            .iter()
+            .find(|x| x["tid"] == target && x["pid"] == target)
+            .unwrap();
+        let markers = &main["markers"];
+        let names: Vec<&str> = markers["name"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                main["stringArray"][n.as_u64().unwrap() as usize]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert!(names.contains(&"Capture"), "{name}: {names:?}");
+        let capture = &markers["data"][names.iter().position(|&n| n == "Capture").unwrap()];
+        assert_eq!(
+            capture["samples"].as_f64().unwrap(),
+            profile.samples.len() as f64
+        );
+        assert_eq!(capture["lost"].as_f64().unwrap(), profile.stats.lost as f64);
+        assert_eq!(names.contains(&"Lost samples"), profile.stats.lost > 0);
+    }
 }
