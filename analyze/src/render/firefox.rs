@@ -1,10 +1,666 @@
-//! TODO(issue 9): firefox output.
+//! The Firefox Profiler's processed profile format, built with samply's
+//! `fxprof-processed-profile` crate: a process per pid, a track per thread, every sample at
+//! its time, frames colored by category (Lua, JIT, C / native, Kernel, GC), and the
+//! capture's counts and warnings as markers on the main thread. profiler.firefox.com and
+//! the Perfetto UI open it.
+//!
+//! The profile holds names, not addresses, so every frame is a label.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use crate::Profile;
+use fxprof_processed_profile::{
+    CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags,
+    FrameInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, ProcessHandle,
+    Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker,
+    StaticSchemaMarkerField, StringHandle, ThreadHandle, Timestamp,
+};
+use rustc_hash::FxHashMap;
 
-/// Not yet written.
-pub fn write_firefox(_profile: &Profile, _out: &mut dyn Write) -> io::Result<()> {
-    Err(io::Error::other("--firefox is not implemented yet"))
+use super::TRUNCATED_FRAME;
+use crate::lua::luajit;
+use crate::{Frame, FrameId, FrameKind, Profile};
+
+/// Writes the profile as Firefox Profiler JSON.
+pub fn write_firefox(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    serde_json::to_writer(out, &firefox_profile(profile)).map_err(io::Error::from)
+}
+
+/// The profile in the crate's model, which serializes to the processed format.
+fn firefox_profile(profile: &Profile) -> FxProfile {
+    let clock = Clock::new(profile);
+    let period_ns = match profile.header.frequency_hz {
+        0 => None,
+        hz => Some(1_000_000_000 / u64::from(hz)),
+    };
+    // An unknown period: the Firefox Profiler's own default interval.
+    let interval = SamplingInterval::from_nanos(period_ns.unwrap_or(1_000_000));
+    let mut fx = FxProfile::new(&title(profile), clock.reference, interval);
+    // Frames are labels: there is nothing left to symbolicate.
+    fx.set_symbolicated(true);
+    if !profile.header.kernel_release.is_empty() {
+        fx.set_os_name(&format!("Linux {}", profile.header.kernel_release));
+    }
+    let categories = Categories::add(&mut fx);
+    let threads = add_threads(profile, &clock, &mut fx);
+
+    // cpu-clock fires only while the thread runs: each sample is one period on the CPU
+    // (none claimed when the period is unknown).
+    let cpu_delta = period_ns.map_or(CpuDelta::ZERO, CpuDelta::from_nanos);
+    let names: Vec<StringHandle> = profile
+        .display_names()
+        .iter()
+        .map(|n| fx.intern_string(n))
+        .collect();
+    let truncated = fx.intern_string(TRUNCATED_FRAME);
+    let mut order: Vec<usize> = (0..profile.samples.len()).collect();
+    order.sort_by_key(|&i| profile.samples[i].time_ns);
+    type StackKey<'a> = (usize, bool, Option<&'static str>, &'a [FrameId]);
+    let mut stacks: FxHashMap<StackKey, Option<StackHandle>> = FxHashMap::default();
+    let mut infos = Vec::new();
+    for s in order.into_iter().map(|i| &profile.samples[i]) {
+        let thread = threads[s.thread];
+        let state = s.vm_state.and_then(luajit::state_frame);
+        let key = (s.thread, s.truncated, state, s.frames.as_slice());
+        let stack = *stacks.entry(key).or_insert_with(|| {
+            infos.clear();
+            if s.truncated {
+                infos.push(label(truncated, CategoryHandle::OTHER.into(), false));
+            }
+            let frames: Vec<&Frame> = s.frames.iter().map(|&id| profile.frame(id)).collect();
+            let of_frame = categories.of_stack(&frames, state);
+            for ((f, &id), category) in frames.iter().zip(&s.frames).zip(of_frame) {
+                let lua = f.kind == FrameKind::Lua;
+                infos.push(label(names[id as usize], category, lua));
+            }
+            fx.intern_stack_frames(thread, infos.drain(..))
+        });
+        fx.add_sample(thread, clock.at(s.time_ns), stack, cpu_delta, 1);
+    }
+    if let Some(main) = main_thread(profile) {
+        add_markers(profile, &clock, &mut fx, threads[main]);
+    }
+    fx
+}
+
+fn label(name: StringHandle, category_pair: CategoryPairHandle, lua: bool) -> FrameInfo {
+    FrameInfo {
+        frame: FxFrame::Label(name),
+        category_pair,
+        // The profiler's "JavaScript" stack filter then shows the Lua frames alone.
+        flags: if lua {
+            FrameFlags::IS_JS
+        } else {
+            FrameFlags::empty()
+        },
+    }
+}
+
+/// Sample times on the profile's clock: nanoseconds since the recording started.
+struct Clock {
+    reference: ReferenceTimestamp,
+    /// The CLOCK_MONOTONIC time the reference stands for.
+    base_ns: u64,
+}
+
+impl Clock {
+    fn new(profile: &Profile) -> Clock {
+        let h = &profile.header;
+        let first = profile.samples.iter().map(|s| s.time_ns).min();
+        // The recording's start, unless the capture does not know it or a sample came
+        // earlier (timestamps are unsigned offsets).
+        let base_ns = match (h.monotonic_start_ns, first) {
+            (0, first) => first.unwrap_or(0),
+            (start, Some(first)) => start.min(first),
+            (start, None) => start,
+        };
+        let wall_ns =
+            h.wall_clock_start_ns as f64 - h.monotonic_start_ns.saturating_sub(base_ns) as f64;
+        Clock {
+            reference: ReferenceTimestamp::from_millis_since_unix_epoch(wall_ns / 1e6),
+            base_ns,
+        }
+    }
+
+    fn at(&self, time_ns: u64) -> Timestamp {
+        Timestamp::from_nanos_since_reference(time_ns.saturating_sub(self.base_ns))
+    }
+}
+
+/// The frame categories, as the profiler colors them.
+struct Categories {
+    lua: CategoryPairHandle,
+    jit_compiled: CategoryPairHandle,
+    jit_compiler: CategoryPairHandle,
+    native: CategoryPairHandle,
+    kernel: CategoryPairHandle,
+    gc: CategoryPairHandle,
+}
+
+impl Categories {
+    fn add(fx: &mut FxProfile) -> Categories {
+        let lua = fx.add_category("Lua", CategoryColor::Yellow).into();
+        let jit = fx.add_category("JIT", CategoryColor::Green);
+        Categories {
+            lua,
+            jit_compiled: fx.add_subcategory(jit, "compiled code"),
+            jit_compiler: fx.add_subcategory(jit, "compiler"),
+            native: fx.add_category("C / native", CategoryColor::Blue).into(),
+            kernel: fx.add_category("Kernel", CategoryColor::Orange).into(),
+            gc: fx.add_category("GC", CategoryColor::Red).into(),
+        }
+    }
+
+    /// The category of each frame of a stack (root first) sampled in Lua VM state
+    /// `state` (its frame's label, `[GC]`, `[JIT compiler]`): by kind, except that the
+    /// VM's native work above the innermost Lua frame counts as the state's.
+    fn of_stack(&self, frames: &[&Frame], state: Option<&str>) -> Vec<CategoryPairHandle> {
+        let innermost_lua = frames.iter().rposition(|f| f.kind == FrameKind::Lua);
+        let state = state.and_then(|s| self.of_state(s));
+        frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match f.kind {
+                FrameKind::Kernel => self.kernel,
+                FrameKind::Lua => match self.of_state(&f.function) {
+                    Some(category) => category,
+                    None if f.jit => self.jit_compiled,
+                    None => self.lua,
+                },
+                FrameKind::User | FrameKind::Inlined => match state {
+                    Some(category) if innermost_lua.is_some_and(|l| l < i) => category,
+                    _ => self.native,
+                },
+            })
+            .collect()
+    }
+
+    /// The category of a VM state's frame label.
+    fn of_state(&self, label: &str) -> Option<CategoryPairHandle> {
+        const GC: i32 = -3;
+        const JIT_COMPILER: i32 = -5;
+        if Some(label) == luajit::state_frame(GC) {
+            Some(self.gc)
+        } else if Some(label) == luajit::state_frame(JIT_COMPILER) {
+            Some(self.jit_compiler)
+        } else {
+            None
+        }
+    }
+}
+
+/// A process per pid (named after its main thread) and a thread track per profile
+/// thread, in the order of [`Profile::threads`].
+fn add_threads(profile: &Profile, clock: &Clock, fx: &mut FxProfile) -> Vec<ThreadHandle> {
+    let mut first_ns = vec![u64::MAX; profile.threads.len()];
+    for s in &profile.samples {
+        first_ns[s.thread] = first_ns[s.thread].min(s.time_ns);
+    }
+    let mut processes: BTreeMap<u32, ProcessHandle> = BTreeMap::new();
+    profile
+        .threads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let process = *processes.entry(t.pid).or_insert_with(|| {
+                let of_pid =
+                    || (0..profile.threads.len()).filter(|&j| profile.threads[j].pid == t.pid);
+                let main = of_pid()
+                    .find(|&j| profile.threads[j].tid == t.pid)
+                    .unwrap_or(i);
+                let start = of_pid().map(|j| first_ns[j]).min().unwrap_or(u64::MAX);
+                fx.add_process(&profile.threads[main].name, t.pid, clock.at(start))
+            });
+            let thread = fx.add_thread(process, t.tid, clock.at(first_ns[i]), t.tid == t.pid);
+            fx.set_thread_name(thread, &t.name);
+            thread
+        })
+        .collect()
+}
+
+/// The thread that carries the capture's markers: the recorded process's main thread,
+/// else any main thread, else the busiest.
+fn main_thread(profile: &Profile) -> Option<usize> {
+    let threads = &profile.threads;
+    let target = profile.header.target_pid;
+    threads
+        .iter()
+        .position(|t| t.tid == target && t.pid == target)
+        .or_else(|| threads.iter().position(|t| t.tid == t.pid))
+        .or_else(|| (0..threads.len()).max_by_key(|&i| threads[i].samples))
+}
+
+/// Markers spanning the samples: the capture's counts, lost samples, and each warning.
+fn add_markers(profile: &Profile, clock: &Clock, fx: &mut FxProfile, thread: ThreadHandle) {
+    let s = &profile.stats;
+    let (Some(first), Some(last)) = (
+        profile.samples.iter().map(|s| s.time_ns).min(),
+        profile.samples.iter().map(|s| s.time_ns).max(),
+    ) else {
+        return;
+    };
+    let span = || MarkerTiming::Interval(clock.at(first), clock.at(last));
+    let ended = profile
+        .end_reason
+        .as_deref()
+        .unwrap_or("cut short (no end record)");
+    let capture = CaptureMarker {
+        samples: s.samples,
+        lost: s.lost,
+        truncated: s.truncated,
+        failed_unwinds: s.failed_unwinds,
+        ended: fx.intern_string(ended),
+    };
+    fx.add_marker(thread, span(), capture);
+    if s.lost > 0 {
+        fx.add_marker(thread, span(), LostMarker { lost: s.lost });
+    }
+    for w in &profile.warnings {
+        let marker = WarningMarker {
+            message: fx.intern_string(&w.message),
+            count: w.count,
+        };
+        fx.add_marker(thread, span(), marker);
+    }
+}
+
+const fn field(
+    key: &'static str,
+    label: &'static str,
+    format: MarkerFieldFormat,
+) -> StaticSchemaMarkerField {
+    StaticSchemaMarkerField {
+        key,
+        label,
+        format,
+        flags: MarkerFieldFlags::SEARCHABLE,
+    }
+}
+
+/// What the capture holds and how well it unwound.
+struct CaptureMarker {
+    samples: u64,
+    lost: u64,
+    truncated: u64,
+    failed_unwinds: u64,
+    ended: StringHandle,
+}
+
+impl StaticSchemaMarker for CaptureMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecCapture";
+    const DESCRIPTION: Option<&'static str> = Some("The lrec capture: its counts of samples");
+    const TABLE_LABEL: Option<&'static str> = Some(
+        "{marker.data.samples} samples, {marker.data.lost} lost, {marker.data.truncated} \
+         truncated, {marker.data.failedUnwinds} failed unwinds; ended: {marker.data.ended}",
+    );
+    const FIELDS: &'static [StaticSchemaMarkerField] = &[
+        field("samples", "Samples", MarkerFieldFormat::Integer),
+        field("lost", "Lost samples", MarkerFieldFormat::Integer),
+        field("truncated", "Truncated stacks", MarkerFieldFormat::Integer),
+        field(
+            "failedUnwinds",
+            "Failed unwinds",
+            MarkerFieldFormat::Integer,
+        ),
+        field("ended", "Ended", MarkerFieldFormat::String),
+    ];
+
+    fn name(&self, fx: &mut FxProfile) -> StringHandle {
+        fx.intern_string("Capture")
+    }
+
+    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
+        CategoryHandle::OTHER
+    }
+
+    fn string_field_value(&self, _: u32) -> StringHandle {
+        self.ended
+    }
+
+    fn number_field_value(&self, field_index: u32) -> f64 {
+        [self.samples, self.lost, self.truncated, self.failed_unwinds][field_index as usize] as f64
+    }
+}
+
+/// Samples the kernel dropped; the capture counts them but does not say when.
+struct LostMarker {
+    lost: u64,
+}
+
+impl StaticSchemaMarker for LostMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecLostSamples";
+    const DESCRIPTION: Option<&'static str> =
+        Some("Samples the kernel dropped (its buffer was full); when is not recorded");
+    const CHART_LABEL: Option<&'static str> = Some("{marker.data.lost} samples lost");
+    const TABLE_LABEL: Option<&'static str> = Some("{marker.data.lost} samples lost");
+    const FIELDS: &'static [StaticSchemaMarkerField] =
+        &[field("lost", "Lost samples", MarkerFieldFormat::Integer)];
+
+    fn name(&self, fx: &mut FxProfile) -> StringHandle {
+        fx.intern_string("Lost samples")
+    }
+
+    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
+        CategoryHandle::OTHER
+    }
+
+    fn string_field_value(&self, _: u32) -> StringHandle {
+        unreachable!("LostMarker has no string field")
+    }
+
+    fn number_field_value(&self, _: u32) -> f64 {
+        self.lost as f64
+    }
+}
+
+/// A problem lanalyze met, and how often.
+struct WarningMarker {
+    message: StringHandle,
+    count: u64,
+}
+
+impl StaticSchemaMarker for WarningMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecWarning";
+    const DESCRIPTION: Option<&'static str> = Some("A problem met while analysing the capture");
+    const CHART_LABEL: Option<&'static str> = Some("{marker.data.message}");
+    const TABLE_LABEL: Option<&'static str> =
+        Some("{marker.data.message} ({marker.data.count} times)");
+    const FIELDS: &'static [StaticSchemaMarkerField] = &[
+        field("message", "Message", MarkerFieldFormat::String),
+        field("count", "Times", MarkerFieldFormat::Integer),
+    ];
+
+    fn name(&self, fx: &mut FxProfile) -> StringHandle {
+        fx.intern_string("Warning")
+    }
+
+    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
+        CategoryHandle::OTHER
+    }
+
+    fn string_field_value(&self, _: u32) -> StringHandle {
+        self.message
+    }
+
+    fn number_field_value(&self, _: u32) -> f64 {
+        self.count as f64
+    }
+}
+
+/// The recorded command line, as the flame graph's title names it.
+fn title(profile: &Profile) -> String {
+    match profile.header.command_line.as_slice() {
+        [] => "lrec profile".to_owned(),
+        words => words.join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LuaLines, ProfileSample, Thread, Warning};
+    use serde_json::{json, Value};
+
+    fn lua(name: &str, jit: bool) -> Frame {
+        Frame {
+            lines: Some(LuaLines {
+                first: 3,
+                current: 4,
+            }),
+            jit,
+            ..Frame::named(name, Some("app.lua".into()), FrameKind::Lua)
+        }
+    }
+
+    fn native(name: &str) -> Frame {
+        Frame::named(name, Some("app".into()), FrameKind::User)
+    }
+
+    fn sample(thread: usize, time_ns: u64, frames: &[u32]) -> ProfileSample {
+        let (pid, tid) = [(1, 1), (1, 2), (5, 6)][thread];
+        ProfileSample {
+            time_ns,
+            pid,
+            tid,
+            thread,
+            frames: frames.to_vec(),
+            ..ProfileSample::default()
+        }
+    }
+
+    fn thread(pid: u32, tid: u32, name: &str, samples: u64) -> Thread {
+        Thread {
+            pid,
+            tid,
+            name: name.into(),
+            samples,
+        }
+    }
+
+    fn profile() -> Profile {
+        let gc = |s: ProfileSample| ProfileSample {
+            vm_state: Some(-3),
+            ..s
+        };
+        let mut p = Profile {
+            frames: vec![
+                native("main"),
+                native("lua_pcall"),
+                lua("work app.lua:3", false),
+                lua("hot app.lua:9", true),
+                Frame::named("[GC]", None, FrameKind::Lua),
+                native("gc_step"),
+                Frame::named("do_syscall_64", None, FrameKind::Kernel),
+                Frame::named("[JIT compiler]", None, FrameKind::Lua),
+                native("lj_asm"),
+            ],
+            threads: vec![
+                thread(1, 1, "app", 3),
+                thread(1, 2, "worker", 1),
+                thread(5, 6, "helper", 1),
+            ],
+            samples: vec![
+                sample(0, 30, &[0, 1, 2, 3]),
+                gc(sample(0, 10, &[0, 1, 2, 4, 5])),
+                sample(0, 20, &[0, 1, 2, 5]),
+                ProfileSample {
+                    truncated: true,
+                    ..sample(1, 15, &[0, 6])
+                },
+                ProfileSample {
+                    vm_state: Some(-5),
+                    ..sample(2, 40, &[0, 1, 2, 7, 8])
+                },
+            ],
+            warnings: vec![Warning {
+                message: "something odd".into(),
+                count: 2,
+            }],
+            ..Profile::default()
+        };
+        p.header.frequency_hz = 100;
+        p.header.target_pid = 1;
+        p.header.monotonic_start_ns = 5;
+        p.header.wall_clock_start_ns = 1_000_000_000_000;
+        p.stats.samples = 5;
+        p.stats.lost = 3;
+        p
+    }
+
+    fn render(p: &Profile) -> Value {
+        let mut out = Vec::new();
+        write_firefox(p, &mut out).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    fn thread_by_tid<'a>(v: &'a Value, tid: &str) -> &'a Value {
+        let threads = v["threads"].as_array().unwrap();
+        threads.iter().find(|t| t["tid"] == tid).unwrap()
+    }
+
+    /// Each sample's stack, root first, as `name (category[/subcategory])`.
+    fn stacks(v: &Value, t: &Value) -> Vec<Vec<String>> {
+        let categories = &v["meta"]["categories"];
+        let (st, ft, names) = (&t["stackTable"], &t["frameTable"], &t["stringArray"]);
+        let samples = t["samples"]["stack"].as_array().unwrap();
+        samples
+            .iter()
+            .map(|s| {
+                let mut frames = Vec::new();
+                let mut stack = s.as_u64();
+                while let Some(i) = stack.map(|i| i as usize) {
+                    let f = st["frame"][i].as_u64().unwrap() as usize;
+                    let name = &names[t["funcTable"]["name"]
+                        [ft["func"][f].as_u64().unwrap() as usize]
+                        .as_u64()
+                        .unwrap() as usize];
+                    let c = &categories[ft["category"][f].as_u64().unwrap() as usize];
+                    let sub = match ft["subcategory"][f].as_u64().unwrap() as usize {
+                        0 => String::new(),
+                        n => format!("/{}", c["subcategories"][n].as_str().unwrap()),
+                    };
+                    frames.push(format!(
+                        "{} ({}{sub})",
+                        name.as_str().unwrap(),
+                        c["name"].as_str().unwrap()
+                    ));
+                    stack = st["prefix"][i].as_u64();
+                }
+                frames.reverse();
+                frames
+            })
+            .collect()
+    }
+
+    #[test]
+    fn threads_processes_and_times() {
+        let v = render(&profile());
+        let names: Vec<&str> = v["meta"]["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["Other", "Lua", "JIT", "C / native", "Kernel", "GC"]);
+        assert_eq!(v["meta"]["interval"], 10.0);
+        // The reference is the recording's start: 1e12 ns after the epoch.
+        assert_eq!(v["meta"]["startTime"], 1_000_000.0);
+        assert_eq!(v["threads"].as_array().unwrap().len(), 3);
+        let app = thread_by_tid(&v, "1");
+        assert_eq!(
+            (app["pid"].as_str(), app["isMainThread"].as_bool()),
+            (Some("1"), Some(true))
+        );
+        assert_eq!(app["name"], "app");
+        assert_eq!(app["samples"]["length"], 3);
+        // 10, 20, 30 ns after the start at 5 ns, in milliseconds.
+        assert_eq!(app["samples"]["timeDeltas"], json!([5e-6, 1e-5, 1e-5]));
+        assert_eq!(
+            app["samples"]["threadCPUDelta"],
+            json!([10_000, 10_000, 10_000])
+        );
+        let worker = thread_by_tid(&v, "2");
+        assert_eq!(
+            (worker["name"].as_str(), worker["processName"].as_str()),
+            (Some("worker"), Some("app"))
+        );
+        assert_eq!(worker["isMainThread"], false);
+        // A process whose main thread was never sampled is named after its threads.
+        let helper = thread_by_tid(&v, "6");
+        assert_eq!(
+            (helper["pid"].as_str(), helper["processName"].as_str()),
+            (Some("5"), Some("helper"))
+        );
+        assert_eq!(helper["isMainThread"], false);
+    }
+
+    #[test]
+    fn frames_are_categorized_by_kind_and_vm_state() {
+        let v = render(&profile());
+        assert_eq!(
+            stacks(&v, thread_by_tid(&v, "1")),
+            [
+                vec![
+                    "main (C / native)",
+                    "lua_pcall (C / native)",
+                    "work app.lua:3 (Lua)",
+                    "[GC] (GC)",
+                    "gc_step (GC)"
+                ],
+                vec![
+                    "main (C / native)",
+                    "lua_pcall (C / native)",
+                    "work app.lua:3 (Lua)",
+                    "gc_step (C / native)"
+                ],
+                vec![
+                    "main (C / native)",
+                    "lua_pcall (C / native)",
+                    "work app.lua:3 (Lua)",
+                    "hot app.lua:9 (JIT/compiled code)"
+                ],
+            ]
+        );
+        assert_eq!(
+            stacks(&v, thread_by_tid(&v, "2")),
+            [vec![
+                "[truncated] (Other)",
+                "main (C / native)",
+                "do_syscall_64_[k] (Kernel)"
+            ]]
+        );
+        assert_eq!(
+            stacks(&v, thread_by_tid(&v, "6"))[0][3..],
+            ["[JIT compiler] (JIT/compiler)", "lj_asm (JIT/compiler)"]
+        );
+        // Lua frames are the profiler's "JavaScript" frames.
+        let app = thread_by_tid(&v, "1");
+        let names = &app["stringArray"];
+        let funcs = &app["funcTable"];
+        for (i, js) in funcs["isJS"].as_array().unwrap().iter().enumerate() {
+            let name = names[funcs["name"][i].as_u64().unwrap() as usize]
+                .as_str()
+                .unwrap();
+            assert_eq!(
+                js.as_bool().unwrap(),
+                name.contains(".lua") || name == "[GC]",
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_and_warnings_are_markers_on_the_main_thread() {
+        let v = render(&profile());
+        let app = thread_by_tid(&v, "1");
+        let markers = &app["markers"];
+        let names: Vec<&str> = markers["name"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                app["stringArray"][n.as_u64().unwrap() as usize]
+                    .as_str()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(names, ["Capture", "Lost samples", "Warning"]);
+        assert_eq!(markers["data"][0]["lost"], 3.0);
+        // String fields are indices into the thread's strings.
+        let string = |v: &Value| app["stringArray"][v.as_u64().unwrap() as usize].clone();
+        assert_eq!(
+            string(&markers["data"][0]["ended"]),
+            "cut short (no end record)"
+        );
+        assert_eq!(markers["data"][1]["lost"], 3.0);
+        assert_eq!(string(&markers["data"][2]["message"]), "something odd");
+        assert_eq!(markers["data"][2]["count"], 2.0);
+        assert_eq!(thread_by_tid(&v, "2")["markers"]["length"], 0);
+    }
+
+    #[test]
+    fn an_empty_profile_is_still_a_profile() {
+        let v = render(&Profile::default());
+        assert_eq!(v["threads"], json!([]));
+    }
 }

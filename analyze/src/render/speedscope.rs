@@ -1,10 +1,318 @@
-//! TODO(issue 9): speedscope output.
+//! speedscope's JSON file format (<https://www.speedscope.app/file-format-schema.json>):
+//! one "sampled" profile per thread, its samples in time order.
+//!
+//! speedscope lays a sampled profile's samples end to end, each as wide as its weight, and
+//! tells frames apart by their index in `shared.frames`. So every sample weighs one
+//! sampling period, a profile spans `0..` the sum of its weights (as speedscope's own
+//! exporter writes), and frames that would show the same name, file and line share one
+//! index (a Lua function's frames differ by current line and JIT mark, which the name shows
+//! only under `--lines`/`--mark-jit`).
 
 use std::io::{self, Write};
 
-use crate::Profile;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
 
-/// Not yet written.
-pub fn write_speedscope(_profile: &Profile, _out: &mut dyn Write) -> io::Result<()> {
-    Err(io::Error::other("--speedscope is not implemented yet"))
+use super::TRUNCATED_FRAME;
+use crate::{FrameKind, Profile, ProfileSample};
+
+/// The `$schema` every speedscope file names.
+pub const SCHEMA_URL: &str = "https://www.speedscope.app/file-format-schema.json";
+
+#[derive(Serialize)]
+struct File<'a> {
+    #[serde(rename = "$schema")]
+    schema: &'static str,
+    name: String,
+    exporter: String,
+    #[serde(rename = "activeProfileIndex")]
+    active_profile_index: usize,
+    shared: Shared<'a>,
+    profiles: Vec<SampledProfile>,
+}
+
+#[derive(Serialize)]
+struct Shared<'a> {
+    frames: Vec<FrameEntry<'a>>,
+}
+
+#[derive(Serialize, PartialEq, Eq, Hash)]
+struct FrameEntry<'a> {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<u32>,
+}
+
+#[derive(Serialize)]
+struct SampledProfile {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: String,
+    unit: &'static str,
+    #[serde(rename = "startValue")]
+    start_value: u64,
+    #[serde(rename = "endValue")]
+    end_value: u64,
+    samples: Vec<Vec<u32>>,
+    weights: Vec<u64>,
+}
+
+/// Writes the profile as a speedscope JSON file.
+pub fn write_speedscope(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
+    serde_json::to_writer(out, &file(profile)).map_err(io::Error::from)
+}
+
+fn file(profile: &Profile) -> File<'_> {
+    let (frames, index) = frame_table(profile);
+    // Without a frequency a sample weighs 1 of unit "none": a sample count.
+    let (unit, weight) = match profile.header.frequency_hz {
+        0 => ("none", 1),
+        hz => ("nanoseconds", 1_000_000_000 / u64::from(hz)),
+    };
+    let mut by_thread: Vec<Vec<&ProfileSample>> = vec![Vec::new(); profile.threads.len()];
+    for s in &profile.samples {
+        by_thread[s.thread].push(s);
+    }
+    let profiles = profile
+        .threads
+        .iter()
+        .zip(by_thread)
+        .map(|(thread, mut samples)| {
+            // Stable: samples of one instant keep the order the capture holds.
+            samples.sort_by_key(|s| s.time_ns);
+            let stacks: Vec<Vec<u32>> = samples
+                .iter()
+                .map(|s| {
+                    let truncated = s.truncated.then_some(index.truncated);
+                    truncated
+                        .into_iter()
+                        .chain(s.frames.iter().map(|&id| index.of_frame[id as usize]))
+                        .collect()
+                })
+                .collect();
+            SampledProfile {
+                kind: "sampled",
+                name: format!("{} [{}]", thread.name, thread.tid),
+                unit,
+                start_value: 0,
+                end_value: weight * stacks.len() as u64,
+                weights: vec![weight; stacks.len()],
+                samples: stacks,
+            }
+        })
+        .collect();
+    // speedscope opens the busiest thread first.
+    let active_profile_index = profile
+        .threads
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, t)| (t.samples, std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i);
+    File {
+        schema: SCHEMA_URL,
+        name: title(profile),
+        exporter: format!("lanalyze {}", env!("CARGO_PKG_VERSION")),
+        active_profile_index,
+        shared: Shared { frames },
+        profiles,
+    }
+}
+
+/// Where each profile frame went in `shared.frames`.
+struct FrameIndex {
+    of_frame: Vec<u32>,
+    truncated: u32,
+}
+
+/// speedscope's frames: one per distinct (name, file, line), plus the `[truncated]` root.
+fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
+    let mut table = FrameTable::default();
+    let of_frame = profile
+        .frames
+        .iter()
+        .map(|f| {
+            table.intern(FrameEntry {
+                name: f.display_name(profile.naming),
+                file: f.module.as_deref(),
+                // Where the Lua function is defined (0: unknown).
+                line: f
+                    .lines
+                    .filter(|l| f.kind == FrameKind::Lua && l.first > 0)
+                    .map(|l| l.first),
+            })
+        })
+        .collect();
+    let truncated = table.intern(FrameEntry {
+        name: TRUNCATED_FRAME.to_owned(),
+        file: None,
+        line: None,
+    });
+    let index = FrameIndex {
+        of_frame,
+        truncated,
+    };
+    (table.frames, index)
+}
+
+#[derive(Default)]
+struct FrameTable<'a> {
+    frames: Vec<FrameEntry<'a>>,
+    seen: FxHashMap<FrameEntry<'a>, u32>,
+}
+
+impl<'a> FrameTable<'a> {
+    fn intern(&mut self, entry: FrameEntry<'a>) -> u32 {
+        let frames = &mut self.frames;
+        *self.seen.entry(entry).or_insert_with_key(|e| {
+            frames.push(FrameEntry {
+                name: e.name.clone(),
+                file: e.file,
+                line: e.line,
+            });
+            frames.len() as u32 - 1
+        })
+    }
+}
+
+/// The recorded command line, as the flame graph's title names it.
+fn title(profile: &Profile) -> String {
+    match profile.header.command_line.as_slice() {
+        [] => "lrec profile".to_owned(),
+        words => words.join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Frame, LuaLines, Naming, Thread};
+    use serde_json::{json, Value};
+
+    fn lua(name: &str, first: u32, current: u32, jit: bool) -> Frame {
+        Frame {
+            lines: Some(LuaLines { first, current }),
+            jit,
+            ..Frame::named(name, Some("app.lua".into()), FrameKind::Lua)
+        }
+    }
+
+    fn sample(thread: usize, time_ns: u64, frames: &[u32], truncated: bool) -> ProfileSample {
+        ProfileSample {
+            time_ns,
+            pid: 1,
+            tid: [1, 2][thread],
+            thread,
+            frames: frames.to_vec(),
+            truncated,
+            ..ProfileSample::default()
+        }
+    }
+
+    fn profile() -> Profile {
+        let mut p = Profile {
+            frames: vec![
+                Frame::named("main", Some("app".into()), FrameKind::User),
+                lua("work app.lua:3", 3, 4, false),
+                lua("work app.lua:3", 3, 5, true),
+                Frame::named("do_syscall_64", None, FrameKind::Kernel),
+            ],
+            threads: vec![
+                Thread {
+                    pid: 1,
+                    tid: 1,
+                    name: "app".into(),
+                    samples: 3,
+                },
+                Thread {
+                    pid: 1,
+                    tid: 2,
+                    name: "worker".into(),
+                    samples: 1,
+                },
+            ],
+            samples: vec![
+                sample(0, 30, &[0, 2], false),
+                sample(1, 5, &[0, 3], false),
+                sample(0, 10, &[0, 1], false),
+                sample(0, 20, &[0], true),
+            ],
+            ..Profile::default()
+        };
+        p.header.frequency_hz = 100;
+        p
+    }
+
+    fn render(p: &Profile) -> Value {
+        let mut out = Vec::new();
+        write_speedscope(p, &mut out).unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    #[test]
+    fn one_profile_per_thread_in_time_order_weighted_by_period() {
+        let v = render(&profile());
+        assert_eq!(v["$schema"], SCHEMA_URL);
+        assert_eq!(v["activeProfileIndex"], 0);
+        let frames = &v["shared"]["frames"];
+        // The two `work` frames differ only by current line and JIT mark: one entry.
+        assert_eq!(
+            *frames,
+            json!([
+                {"name": "main", "file": "app"},
+                {"name": "work app.lua:3", "file": "app.lua", "line": 3},
+                {"name": "do_syscall_64_[k]"},
+                {"name": "[truncated]"},
+            ])
+        );
+        let app = &v["profiles"][0];
+        assert_eq!(app["name"], "app [1]");
+        assert_eq!(app["unit"], "nanoseconds");
+        assert_eq!(app["samples"], json!([[0, 1], [3, 0], [0, 1]]));
+        assert_eq!(app["weights"], json!([10_000_000, 10_000_000, 10_000_000]));
+        assert_eq!(
+            (app["startValue"].as_u64(), app["endValue"].as_u64()),
+            (Some(0), Some(30_000_000))
+        );
+        assert_eq!(v["profiles"][1]["samples"], json!([[0, 2]]));
+    }
+
+    #[test]
+    fn naming_splits_frames_and_zero_hz_counts_samples() {
+        let mut p = profile();
+        p.naming = Naming {
+            lines: true,
+            mark_jit: true,
+        };
+        p.header.frequency_hz = 0;
+        let v = render(&p);
+        let names: Vec<&str> = v["shared"]["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "main",
+                "work app.lua:3@4",
+                "work app.lua:3@5_[j]",
+                "do_syscall_64_[k]",
+                "[truncated]"
+            ]
+        );
+        let app = &v["profiles"][0];
+        assert_eq!(app["unit"], "none");
+        assert_eq!(app["weights"], json!([1, 1, 1]));
+        assert_eq!(app["endValue"], 3);
+    }
+
+    #[test]
+    fn an_empty_profile_is_still_a_file() {
+        let v = render(&Profile::default());
+        assert_eq!(v["profiles"], json!([]));
+        assert_eq!(v["shared"]["frames"], json!([{"name": "[truncated]"}]));
+    }
 }
