@@ -124,7 +124,10 @@ pub fn diff_folded_lines(
         render(after).as_slice(),
         &mut diffed,
     )?;
-    diffed.lines().collect()
+    // inferno's order depends on a hash map's: sorted, like --folded.
+    let mut lines = diffed.lines().collect::<io::Result<Vec<String>>>()?;
+    lines.sort_unstable();
+    Ok(lines)
 }
 
 /// Writes `stack BEFORE AFTER` lines (BEFORE normalised to AFTER's sample count).
@@ -151,8 +154,8 @@ pub fn write_diff_flamegraph(
     let lines = diff_folded_lines(before, after, opts)?;
     let title = format!(
         "Differential: {} → {} (red grew, blue shrank; {} → {} samples, normalised)",
-        flamegraph::command(before),
-        flamegraph::command(after),
+        super::command(before),
+        super::command(after),
         before.stats.samples,
         after.stats.samples
     );

@@ -35,7 +35,7 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
     };
     // An unknown period: the Firefox Profiler's own default interval.
     let interval = SamplingInterval::from_nanos(period_ns.unwrap_or(1_000_000));
-    let mut fx = FxProfile::new(&title(profile), clock.reference, interval);
+    let mut fx = FxProfile::new(&super::command(profile), clock.reference, interval);
     // Frames are labels: there is nothing left to symbolicate.
     fx.set_symbolicated(true);
     if !profile.header.kernel_release.is_empty() {
@@ -388,13 +388,6 @@ impl StaticSchemaMarker for WarningMarker {
 }
 
 /// The recorded command line, as the flame graph's title names it.
-fn title(profile: &Profile) -> String {
-    match profile.header.command_line.as_slice() {
-        [] => "lrec profile".to_owned(),
-        words => words.join(" "),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

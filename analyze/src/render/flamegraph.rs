@@ -17,10 +17,10 @@ pub fn write_flamegraph(
         .collect();
     let h = &profile.header;
     let title = match h.frequency_hz {
-        0 => command(profile),
+        0 => super::command(profile),
         hz => format!(
             "{} ({hz} Hz, {} samples)",
-            command(profile),
+            super::command(profile),
             profile.stats.samples
         ),
     };
@@ -40,14 +40,4 @@ pub(super) fn draw(lines: &[String], title: String, out: &mut dyn Write) -> io::
     options.title = title;
     options.count_name = "samples".into();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
-}
-
-/// What was recorded: the lrec command line.
-pub(super) fn command(profile: &Profile) -> String {
-    let h = &profile.header;
-    if h.command_line.is_empty() {
-        "lrec profile".to_owned()
-    } else {
-        h.command_line.join(" ")
-    }
 }

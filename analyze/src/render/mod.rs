@@ -38,3 +38,11 @@ impl Default for StackOptions {
 
 /// Root frame of stacks that could not be followed to their root function.
 pub const TRUNCATED_FRAME: &str = "[truncated]";
+
+/// What was recorded: the lrec command line (titles of the outputs).
+pub(crate) fn command(profile: &crate::Profile) -> String {
+    match profile.header.command_line.as_slice() {
+        [] => "lrec profile".to_owned(),
+        words => words.join(" "),
+    }
+}

@@ -112,7 +112,7 @@ fn file(profile: &Profile) -> File<'_> {
         .map_or(0, |(i, _)| i);
     File {
         schema: SCHEMA_URL,
-        name: title(profile),
+        name: super::command(profile),
         exporter: format!("lanalyze {}", env!("CARGO_PKG_VERSION")),
         active_profile_index,
         shared: Shared { frames },
@@ -177,13 +177,6 @@ impl<'a> FrameTable<'a> {
 }
 
 /// The recorded command line, as the flame graph's title names it.
-fn title(profile: &Profile) -> String {
-    match profile.header.command_line.as_slice() {
-        [] => "lrec profile".to_owned(),
-        words => words.join(" "),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
