@@ -12,8 +12,11 @@ use lrec_e2e::*;
 const SECRET: &[u8] = b"LREC-SECRET-4f1d9a7c-do-not-share";
 
 fn lanalyze(args: &[&std::ffi::OsStr]) -> String {
-    let out = run(Command::new(bin("lanalyze")).args(args));
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(lanalyze_bytes(args)).unwrap()
+}
+
+fn lanalyze_bytes(args: &[&std::ffi::OsStr]) -> Vec<u8> {
+    run(Command::new(bin("lanalyze")).args(args)).stdout
 }
 
 /// `share SECONDS HOT_PERCENT` recorded at 999 Hz (thousands of samples: the share of a
@@ -131,11 +134,14 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
         &["--top", "20"],
         &["--folded", "--time", "0.5..1.5"],
         &["--info"],
+        &["--pprof"],
+        &["--speedscope"],
+        &["--firefox"],
     ] {
         let of = |cap: &Path| {
             let mut a: Vec<&std::ffi::OsStr> = vec![cap.as_ref()];
             a.extend(args.iter().map(std::ffi::OsStr::new));
-            lanalyze(&a)
+            lanalyze_bytes(&a)
         };
         let (a, b) = (of(&raw), of(&shared));
         assert!(!a.is_empty());
