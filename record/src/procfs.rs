@@ -261,14 +261,29 @@ pub fn read_process(pid: u32) -> Result<Process, ProcError> {
     let cmdline_path = dir.join("cmdline");
     let cmdline = fs::read(&cmdline_path).map_err(|e| proc_error(pid, &cmdline_path, e))?;
 
+    // An exited process not yet reaped (a zombie) has no namespaces any more: it gets
+    // none rather than failing the recording of a command that ran briefly.
     let ns_dir = dir.join("ns");
     let mut namespaces = Vec::new();
-    for entry in fs::read_dir(&ns_dir).map_err(|e| proc_error(pid, &ns_dir, e))? {
-        let entry = entry.map_err(|e| proc_error(pid, &ns_dir, e))?;
+    let vanished = |e: &io::Error| {
+        e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+    };
+    let entries = match fs::read_dir(&ns_dir).and_then(|d| d.collect::<io::Result<Vec<_>>>()) {
+        Ok(entries) => entries,
+        Err(e) if vanished(&e) => Vec::new(),
+        Err(e) => return Err(proc_error(pid, &ns_dir, e)),
+    };
+    for entry in entries {
         // Named by the entry, not the link: `pid_for_children` links to `pid:[…]` too.
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(inode) = parse_namespace_link(&read_link(pid, &entry.path())?) {
-            namespaces.push((name, inode));
+        match fs::read_link(entry.path()) {
+            Ok(link) => {
+                if let Some(inode) = parse_namespace_link(&link.to_string_lossy()) {
+                    namespaces.push((name, inode));
+                }
+            }
+            Err(e) if vanished(&e) => {}
+            Err(e) => return Err(proc_error(pid, &entry.path(), e)),
         }
     }
     namespaces.sort();

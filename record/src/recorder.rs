@@ -191,6 +191,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     if status {
         eprint!("\r\x1b[K");
     }
+    let loader_detached = sampler.detach_loader();
     // What the last moments left in the ring buffer, whatever ended the recording.
     drain(&mut sampler, &mut rec)?;
     rec.note_lost(sampler.lost())?;
@@ -201,14 +202,14 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     let elapsed = started.elapsed();
     if args.flight.is_some() {
         rec.dump(&reason)?;
-        let _ = detach.join();
+        let _ = (detach.join(), loader_detached.join());
         if !args.quiet {
             rec.print_flight_summary(elapsed, &reason);
         }
         return Ok(());
     }
     let summary = rec.finish(&reason)?;
-    let _ = detach.join();
+    let _ = (detach.join(), loader_detached.join());
     if !args.quiet {
         summary.print(elapsed, &reason, output, bpf_cost);
     }

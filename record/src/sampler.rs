@@ -88,9 +88,10 @@ struct LoaderWatch {
 }
 
 impl LoaderWatch {
-    fn attach(pid: u32, loaders: &[PathBuf], btf: &Btf) -> Result<LoaderWatch, SamplerError> {
+    /// Needs no kernel BTF (a plain uprobe), so it loads beside the sampler.
+    fn attach(pid: u32, loaders: &[PathBuf]) -> Result<LoaderWatch, SamplerError> {
         let mut ebpf = EbpfLoader::new()
-            .btf(Some(btf))
+            .btf(None)
             .override_global("target_tgid", &pid, true)
             .load(LOADER_BPF)
             .map_err(SamplerError::Load)?;
@@ -121,6 +122,11 @@ impl Sampler {
         let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
         let follow = u32::from(cfg.follow_children);
+        // The loader's uprobe attaches on another CPU meanwhile (~50 ms: ld.so's symbols).
+        let loader = std::thread::spawn({
+            let (pid, loaders) = (cfg.pids[0], cfg.loaders.clone());
+            move || LoaderWatch::attach(pid, &loaders)
+        });
         // The kernel's BTF, parsed once for every program (each parse costs ~80 ms).
         let btf = Btf::from_sys_fs().map_err(|e| SamplerError::Btf(e.to_string()))?;
         let mut ebpf = EbpfLoader::new()
@@ -178,7 +184,10 @@ impl Sampler {
         let puc_config = take(&mut ebpf, "puc_config", BpfHashMap::try_from)?;
         let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
         // A static program has no loader and nothing to watch.
-        let loader = match LoaderWatch::attach(cfg.pids[0], &cfg.loaders, &btf) {
+        let attached = loader
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p));
+        let loader = match attached {
             Ok(w) => Some(w),
             Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
             Err(e) => {
@@ -199,6 +208,13 @@ impl Sampler {
             _targets: targets,
             loader,
         })
+    }
+
+    /// Detaches the loader's uprobe on a thread of its own, at once: removing a uprobe
+    /// waits ~0.1 s in the kernel, which then overlaps the capture's last writes.
+    pub fn detach_loader(&mut self) -> std::thread::JoinHandle<()> {
+        let loader = self.loader.take();
+        std::thread::spawn(move || drop(loader))
     }
 
     /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
