@@ -119,19 +119,56 @@ pub enum DebugMode {
 
 fn main() {
     let args = Args::parse();
-    if let Err(e) = run(args) {
-        eprintln!("lrec: error: {e}");
-        for cause in e.chain().skip(1) {
-            eprintln!("  caused by: {cause}");
-        }
-        if let Some(hint) = hint(&e) {
-            eprintln!("\n{hint}");
-        }
-        std::process::exit(1);
+    match run(args) {
+        Ok(sampler) => exit_leaving_release(sampler),
+        Err(e) => fail(e),
     }
 }
 
-fn run(args: Args) -> Result<()> {
+/// Exits at once, the capture being complete, and leaves the release of the BPF objects
+/// to a child process that holds them too. The kernel takes ~0.1 s to let them go (a
+/// uprobe's removal waits for RCU grace periods): whoever waits for lrec to exit, a shell
+/// timing `lrec -- CMD` for one, need not wait for that.
+fn exit_leaving_release<T>(held: T) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: the child calls only async-signal-safe functions (open, dup2, read, close,
+    // _exit); both processes end with _exit, so nothing is flushed or dropped twice.
+    unsafe {
+        // The child must let go last: it waits for the pipe's end that lrec's exit closes.
+        let mut pipe = [-1; 2];
+        if libc::pipe(pipe.as_mut_ptr()) == 0 && libc::fork() == 0 {
+            libc::close(pipe[1]);
+            // Whoever reads lrec's output must not wait for this process.
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                for fd in 0..3 {
+                    libc::dup2(null, fd);
+                }
+            }
+            let mut byte = 0u8;
+            while libc::read(pipe[0], (&raw mut byte).cast(), 1) < 0 {}
+            libc::_exit(0);
+        }
+        // Not dropped: exiting lets the kernel release them, in the child (or here, when
+        // there is no child: slower, still right).
+        std::mem::forget(held);
+        libc::_exit(0)
+    }
+}
+
+fn fail(e: anyhow::Error) -> ! {
+    eprintln!("lrec: error: {e}");
+    for cause in e.chain().skip(1) {
+        eprintln!("  caused by: {cause}");
+    }
+    if let Some(hint) = hint(&e) {
+        eprintln!("\n{hint}");
+    }
+    std::process::exit(1);
+}
+
+fn run(args: Args) -> Result<sampler::Sampler> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to record: give -p PID or -- CMD ARGS (see lrec --help)");
     }

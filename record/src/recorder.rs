@@ -40,7 +40,8 @@ const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
 
 /// Records until the target exits, -d ends or a signal; writes the capture to `output`
 /// or, with `--flight`, the window to numbered files next to it.
-pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
+/// Returns the sampler, still attached: see [`crate::exit_leaving_release`].
+pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<Sampler> {
     let result = record_into(args, target, output);
     if args.flight.is_some() {
         return result;
@@ -57,7 +58,7 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     })
 }
 
-fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
+fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sampler> {
     let pid = target.pid;
     let header = Header {
         tool_version: format!("lrec {}", env!("CARGO_PKG_VERSION")),
@@ -191,29 +192,23 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<()> {
     if status {
         eprint!("\r\x1b[K");
     }
-    let loader_detached = sampler.detach_loader();
     // What the last moments left in the ring buffer, whatever ended the recording.
     drain(&mut sampler, &mut rec)?;
     rec.note_lost(sampler.lost())?;
     let bpf_cost = sampler.bpf_cost();
-    // Detaching waits ~0.1 s in the kernel (the perf events' BPF links): meanwhile the
-    // capture is finished.
-    let detach = std::thread::spawn(move || drop(sampler));
     let elapsed = started.elapsed();
     if args.flight.is_some() {
         rec.dump(&reason)?;
-        let _ = (detach.join(), loader_detached.join());
         if !args.quiet {
             rec.print_flight_summary(elapsed, &reason);
         }
-        return Ok(());
+        return Ok(sampler);
     }
     let summary = rec.finish(&reason)?;
-    let _ = (detach.join(), loader_detached.join());
     if !args.quiet {
         summary.print(elapsed, &reason, output, bpf_cost);
     }
-    Ok(())
+    Ok(sampler)
 }
 
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.

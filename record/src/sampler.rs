@@ -88,13 +88,10 @@ struct LoaderWatch {
 }
 
 impl LoaderWatch {
-    /// Needs no kernel BTF (a plain uprobe), so it loads beside the sampler.
-    fn attach(pid: u32, loaders: &[PathBuf]) -> Result<LoaderWatch, SamplerError> {
-        let mut ebpf = EbpfLoader::new()
-            .btf(None)
-            .override_global("target_tgid", &pid, true)
-            .load(LOADER_BPF)
-            .map_err(SamplerError::Load)?;
+    /// Loads with the sampler's loader (each `EbpfLoader::new` parses the kernel's BTF),
+    /// which sets its `target_tgid`.
+    fn attach(bpf: &mut EbpfLoader, loaders: &[PathBuf]) -> Result<LoaderWatch, SamplerError> {
+        let mut ebpf = bpf.load(LOADER_BPF).map_err(SamplerError::Load)?;
         let probe: &mut UProbe = ebpf
             .program_mut("dl_debug_state")
             .expect("program is in the object")
@@ -122,22 +119,24 @@ impl Sampler {
         let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
         let follow = u32::from(cfg.follow_children);
-        // The loader's uprobe attaches on another CPU meanwhile (~50 ms: ld.so's symbols).
-        let loader = std::thread::spawn({
-            let (pid, loaders) = (cfg.pids[0], cfg.loaders.clone());
-            move || LoaderWatch::attach(pid, &loaders)
-        });
-        // The kernel's BTF, parsed once for every program (each parse costs ~80 ms).
-        let btf = Btf::from_sys_fs().map_err(|e| SamplerError::Btf(e.to_string()))?;
-        let mut ebpf = EbpfLoader::new()
-            .btf(Some(&btf))
-            .override_global("stack_size", &cfg.stack_size, true)
-            .override_global("follow_children", &follow, true)
-            .override_global("wakeup_bytes", &wakeup_bytes, true)
+        // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
+        // itself: one loader serves both objects (their globals need not all exist in
+        // each), while the copy the tracepoints need is parsed on another CPU.
+        let btf = std::thread::spawn(Btf::from_sys_fs);
+        let mut bpf = EbpfLoader::new();
+        let mut ebpf = bpf
+            .override_global("stack_size", &cfg.stack_size, false)
+            .override_global("follow_children", &follow, false)
+            .override_global("wakeup_bytes", &wakeup_bytes, false)
+            .override_global("target_tgid", &cfg.pids[0], false)
             .map_max_entries("scratch", ncpu as u32)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)
             .map_err(SamplerError::Load)?;
+        let btf = btf
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            .map_err(|e| SamplerError::Btf(e.to_string()))?;
         let mut targets: BpfHashMap<MapData, u32, u32> =
             take(&mut ebpf, "targets", BpfHashMap::try_from)?;
         for &pid in &cfg.pids {
@@ -184,10 +183,7 @@ impl Sampler {
         let puc_config = take(&mut ebpf, "puc_config", BpfHashMap::try_from)?;
         let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
         // A static program has no loader and nothing to watch.
-        let attached = loader
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p));
-        let loader = match attached {
+        let loader = match LoaderWatch::attach(&mut bpf, &cfg.loaders) {
             Ok(w) => Some(w),
             Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
             Err(e) => {
@@ -208,13 +204,6 @@ impl Sampler {
             _targets: targets,
             loader,
         })
-    }
-
-    /// Detaches the loader's uprobe on a thread of its own, at once: removing a uprobe
-    /// waits ~0.1 s in the kernel, which then overlaps the capture's last writes.
-    pub fn detach_loader(&mut self) -> std::thread::JoinHandle<()> {
-        let loader = self.loader.take();
-        std::thread::spawn(move || drop(loader))
     }
 
     /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
