@@ -53,8 +53,8 @@ fn diff_top_measures_the_change_of_share() {
     };
     let dir = tempfile_dir("diff");
     let (before, after) = (dir.join("before.lrec"), dir.join("after.lrec"));
-    record_share(&before, "4", "30");
-    record_share(&after, "4", "60");
+    record_share(&before, "6", "30");
+    record_share(&after, "6", "60");
     let top = lanalyze(&[
         "--diff".as_ref(),
         before.as_ref(),
