@@ -26,7 +26,7 @@ mod writer;
 
 pub use reader::{Capture, ChunkRef, ReadWarning};
 pub use v1::*;
-pub use writer::{CaptureSink, CaptureWriter, Chunk};
+pub use writer::{CaptureSink, CaptureWriter, Chunk, SampleSpan};
 
 /// First bytes of every capture. The `\r\n\x1a` catch text-mode and truncation damage.
 pub const MAGIC: [u8; 8] = *b"\x89LREC\r\n\x1a";

@@ -10,12 +10,44 @@ use crate::{
 /// Uncompressed bytes buffered before a chunk is written out on its own.
 const DEFAULT_CHUNK_TARGET: usize = 8 << 20;
 
+/// The samples of a chunk: how many, and the first and last sample time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleSpan {
+    pub samples: u64,
+    /// Sample times ([`crate::Sample::time_ns`]) of the earliest and latest sample (0 when
+    /// there are none).
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+impl SampleSpan {
+    /// Adds the samples of `other`.
+    pub fn merge(&mut self, other: &SampleSpan) {
+        if other.samples == 0 {
+            return;
+        }
+        if self.samples == 0 {
+            *self = *other;
+            return;
+        }
+        self.samples += other.samples;
+        self.first_ns = self.first_ns.min(other.first_ns);
+        self.last_ns = self.last_ns.max(other.last_ns);
+    }
+
+    /// Seconds from the first sample to the last.
+    pub fn secs(&self) -> f64 {
+        (self.last_ns - self.first_ns) as f64 / 1e9
+    }
+}
+
 /// Encoded records waiting to become one chunk.
 #[derive(Default)]
 struct Pending {
     buf: Vec<u8>,
     records: u32,
     kinds: u32,
+    samples: SampleSpan,
 }
 
 impl Pending {
@@ -32,6 +64,14 @@ impl Pending {
         buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
         self.records += 1;
         self.kinds |= kind_bit(record.kind());
+        if let Record::Sample(s) = record {
+            let t = s.time_ns;
+            self.samples.merge(&SampleSpan {
+                samples: 1,
+                first_ns: t,
+                last_ns: t,
+            });
+        }
         Ok(())
     }
 
@@ -46,24 +86,23 @@ impl Pending {
         let crc = chunk_crc(&bytes[..20], &payload);
         bytes.extend_from_slice(&crc.to_le_bytes());
         bytes.extend_from_slice(&payload);
-        Ok(Chunk { bytes })
+        Ok(Chunk {
+            bytes,
+            records: self.records,
+            kinds: self.kinds,
+            samples: self.samples,
+        })
     }
 }
 
-/// One complete chunk as it appears in a capture: header and compressed records.
-#[derive(Clone, PartialEq, Eq)]
+/// One complete chunk as it appears in a capture: header and compressed records, with
+/// what its header says and the span of its samples (which the file does not hold).
+#[derive(Clone, Debug)]
 pub struct Chunk {
     bytes: Vec<u8>,
-}
-
-impl std::fmt::Debug for Chunk {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Chunk")
-            .field("len", &self.bytes.len())
-            .field("records", &self.records())
-            .field("kinds", &format_args!("{:#x}", self.kinds()))
-            .finish()
-    }
+    records: u32,
+    kinds: u32,
+    samples: SampleSpan,
 }
 
 impl Chunk {
@@ -81,17 +120,18 @@ impl Chunk {
         &self.bytes
     }
 
-    fn word(&self, at: usize) -> u32 {
-        u32::from_le_bytes(self.bytes[at..at + 4].try_into().unwrap())
-    }
-
     /// Bit `k` set: the chunk holds records of kind `k` (see [`crate::kind_bit`]).
     pub fn kinds(&self) -> u32 {
-        self.word(16)
+        self.kinds
     }
 
     pub fn records(&self) -> u32 {
-        self.word(12)
+        self.records
+    }
+
+    /// Its samples' count and times.
+    pub fn samples(&self) -> SampleSpan {
+        self.samples
     }
 }
 
@@ -195,6 +235,13 @@ impl<W: CaptureSink> CaptureWriter<W> {
 
     /// Writes buffered records as chunks (metadata first) and flushes the output.
     pub fn flush(&mut self) -> Result<(), FormatError> {
+        self.write_pending()?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    /// Writes buffered records as chunks, metadata first.
+    fn write_pending(&mut self) -> Result<(), FormatError> {
         let meta = std::mem::take(&mut self.meta);
         self.write_chunk(&meta)?;
         let samples = std::mem::take(&mut self.samples);
@@ -210,7 +257,6 @@ impl<W: CaptureSink> CaptureWriter<W> {
         };
         self.meta.buf.clear();
         self.samples.buf.clear();
-        self.out.flush()?;
         Ok(())
     }
 
@@ -221,6 +267,14 @@ impl<W: CaptureSink> CaptureWriter<W> {
         let chunk = p.encode(self.level)?;
         self.bytes_written += chunk.as_bytes().len() as u64;
         self.out.write_chunk(chunk)?;
+        Ok(())
+    }
+
+    /// Writes a chunk of another capture as it is, after what is buffered.
+    pub fn copy_chunk(&mut self, chunk: &Chunk) -> Result<(), FormatError> {
+        self.write_pending()?;
+        self.bytes_written += chunk.as_bytes().len() as u64;
+        self.out.write_chunk(chunk.clone())?;
         Ok(())
     }
 

@@ -10,65 +10,21 @@
 //! capture like any other.
 
 use std::collections::VecDeque;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::PathBuf;
 
-use lrec_format::{kind, kind_bit, CaptureSink, Chunk, End, FormatError, Header, Lost, Record};
+use lrec_format::{
+    kind, kind_bit, CaptureSink, CaptureWriter, Chunk, End, FormatError, Header, Lost, Record,
+    SampleSpan,
+};
 
 use crate::output::{self, WriteFailed};
-
-/// zstd level of the chunks a dump encodes itself (as the capture writer's default).
-const LEVEL: i32 = 3;
-
-/// Samples of a stretch of time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Span {
-    pub samples: u64,
-    /// Monotonic time of the first and last sample (0 when there are none).
-    pub first_ns: u64,
-    pub last_ns: u64,
-}
-
-impl Span {
-    fn add(&mut self, time_ns: u64) {
-        if self.samples == 0 {
-            self.first_ns = time_ns;
-        }
-        self.samples += 1;
-        self.first_ns = self.first_ns.min(time_ns);
-        self.last_ns = self.last_ns.max(time_ns);
-    }
-
-    fn merge(&mut self, other: &Span) {
-        if other.samples == 0 {
-            return;
-        }
-        if self.samples == 0 {
-            *self = *other;
-            return;
-        }
-        self.samples += other.samples;
-        self.first_ns = self.first_ns.min(other.first_ns);
-        self.last_ns = self.last_ns.max(other.last_ns);
-    }
-
-    /// Seconds from the first sample to the last.
-    pub fn secs(&self) -> f64 {
-        (self.last_ns - self.first_ns) as f64 / 1e9
-    }
-}
-
-/// A sample chunk in the ring.
-struct Kept {
-    span: Span,
-    chunk: Chunk,
-}
 
 /// A capture written by [`Flight::dump`].
 #[derive(Debug)]
 pub struct Dump {
     pub path: PathBuf,
-    pub span: Span,
+    pub span: SampleSpan,
     pub lost: u64,
     pub bytes: u64,
 }
@@ -79,17 +35,13 @@ pub struct Flight {
     header: Header,
     /// `-o`: dump `n` goes to [`output::numbered`]`(base, n)`.
     base: PathBuf,
-    file_header: Vec<u8>,
     meta: Vec<Chunk>,
-    meta_bytes: u64,
-    ring: VecDeque<Kept>,
-    ring_bytes: u64,
-    /// Samples pushed since the last sample chunk: they are the next one's.
-    pending: Span,
+    /// Sample chunks, oldest first.
+    ring: VecDeque<Chunk>,
     /// Lost counts in the window, oldest first.
     lost: VecDeque<Lost>,
     /// Samples and lost counts that left the window.
-    aged: Span,
+    aged: SampleSpan,
     aged_lost: u64,
     pub dumps: Vec<Dump>,
 }
@@ -100,23 +52,13 @@ impl Flight {
             window_ns: (window_secs * 1e9) as u64,
             header,
             base,
-            file_header: Vec::new(),
             meta: Vec::new(),
-            meta_bytes: 0,
             ring: VecDeque::new(),
-            ring_bytes: 0,
-            pending: Span::default(),
             lost: VecDeque::new(),
-            aged: Span::default(),
+            aged: SampleSpan::default(),
             aged_lost: 0,
             dumps: Vec::new(),
         }
-    }
-
-    /// A sample about to be pushed to the capture writer (call before pushing it: a push
-    /// may write out the chunk it lands in).
-    pub fn saw_sample(&mut self, time_ns: u64) {
-        self.pending.add(time_ns);
     }
 
     pub fn note_lost(&mut self, lost: Lost) {
@@ -128,10 +70,13 @@ impl Flight {
     /// chunk's time more.
     pub fn evict(&mut self, now_ns: u64) {
         let cutoff = now_ns.saturating_sub(self.window_ns);
-        while self.ring.front().is_some_and(|k| k.span.last_ns < cutoff) {
-            let k = self.ring.pop_front().expect("front exists");
-            self.aged.merge(&k.span);
-            self.ring_bytes -= k.chunk.as_bytes().len() as u64;
+        while self
+            .ring
+            .front()
+            .is_some_and(|c| c.samples().last_ns < cutoff)
+        {
+            let chunk = self.ring.pop_front().expect("front exists");
+            self.aged.merge(&chunk.samples());
         }
         while self.lost.front().is_some_and(|l| l.time_ns < cutoff) {
             self.aged_lost += self.lost.pop_front().expect("front exists").count;
@@ -139,22 +84,26 @@ impl Flight {
     }
 
     /// The samples in the window now.
-    pub fn window(&self) -> Span {
-        let mut span = Span::default();
-        for k in &self.ring {
-            span.merge(&k.span);
+    pub fn window(&self) -> SampleSpan {
+        let mut span = SampleSpan::default();
+        for c in &self.ring {
+            span.merge(&c.samples());
         }
         span
     }
 
     /// Samples and lost counts aged out of the window so far.
-    pub fn aged(&self) -> (Span, u64) {
+    pub fn aged(&self) -> (SampleSpan, u64) {
         (self.aged, self.aged_lost)
     }
 
     /// Bytes held: metadata and sample chunks.
     pub fn held_bytes(&self) -> (u64, u64) {
-        (self.meta_bytes, self.ring_bytes)
+        let bytes = |c: &Chunk| c.as_bytes().len() as u64;
+        (
+            self.meta.iter().map(bytes).sum(),
+            self.ring.iter().map(bytes).sum(),
+        )
     }
 
     /// Writes the window at `now_ns` to the next numbered file; `extra` records (kernel
@@ -171,8 +120,7 @@ impl Flight {
             path: path.clone(),
             error,
         };
-        let file = output::create_private(&path).map_err(failed)?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let mut out = output::create_capture(&path).map_err(failed)?;
         let (span, lost) = self
             .write_window(&mut out, now_ns, extra, reason)
             .map_err(failed)?;
@@ -194,7 +142,7 @@ impl Flight {
         now_ns: u64,
         extra: &[Record],
         reason: &str,
-    ) -> io::Result<(Span, u64)> {
+    ) -> io::Result<(SampleSpan, u64)> {
         let span = self.window();
         let lost: u64 = self.lost.iter().map(|l| l.count).sum();
         // The capture starts with the window: lanalyze's --time counts from there.
@@ -208,31 +156,30 @@ impl Flight {
             wall_clock_start_ns: self.header.wall_clock_start_ns + shift,
             ..self.header.clone()
         };
-        let mut tail: Vec<Record> = self.lost.iter().cloned().map(Record::Lost).collect();
-        tail.extend_from_slice(extra);
-        tail.push(Record::End(End {
-            time_ns: now_ns,
-            samples: span.samples,
-            lost,
-            reason: reason.to_string(),
-        }));
-        let encode = |records: &[Record]| {
-            Chunk::encode(records, LEVEL).map_err(|e| match e {
-                FormatError::Io(e) => e,
-                e => io::Error::other(e),
-            })
+        let mut write = || -> Result<(), FormatError> {
+            let mut w = CaptureWriter::new(&mut *out, &header)?;
+            for chunk in self.meta.iter().chain(&self.ring) {
+                w.copy_chunk(chunk)?;
+            }
+            for l in &self.lost {
+                w.push(&Record::Lost(l.clone()))?;
+            }
+            for r in extra {
+                w.push(r)?;
+            }
+            w.push(&Record::End(End {
+                time_ns: now_ns,
+                samples: span.samples,
+                lost,
+                reason: reason.to_string(),
+            }))?;
+            w.finish()?;
+            Ok(())
         };
-        let head = encode(&[Record::Header(header)])?;
-        let tail = encode(&tail)?;
-        let chunks = std::iter::once(&head)
-            .chain(&self.meta)
-            .chain(self.ring.iter().map(|k| &k.chunk))
-            .chain(std::iter::once(&tail));
-        out.write_all(&self.file_header)?;
-        for chunk in chunks {
-            out.write_all(chunk.as_bytes())?;
-        }
-        out.flush()?;
+        write().map_err(|e| match e {
+            FormatError::Io(e) => e,
+            e => io::Error::other(e),
+        })?;
         Ok((span, lost))
     }
 
@@ -242,21 +189,16 @@ impl Flight {
 }
 
 impl CaptureSink for Flight {
-    fn write_file_header(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.file_header = bytes.to_vec();
+    fn write_file_header(&mut self, _: &[u8]) -> io::Result<()> {
+        // Each dump writes its own, with its own header chunk.
         Ok(())
     }
 
     fn write_chunk(&mut self, chunk: Chunk) -> io::Result<()> {
         let samples = kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK);
         if chunk.kinds() & samples != 0 {
-            let span = std::mem::take(&mut self.pending);
-            self.ring_bytes += chunk.as_bytes().len() as u64;
-            self.ring.push_back(Kept { span, chunk });
-        } else if chunk.kinds() == kind_bit(kind::HEADER) {
-            // The writer's header chunk: each dump writes its own, starting at its window.
-        } else {
-            self.meta_bytes += chunk.as_bytes().len() as u64;
+            self.ring.push_back(chunk);
+        } else if chunk.kinds() != kind_bit(kind::HEADER) {
             self.meta.push(chunk);
         }
         Ok(())
@@ -297,7 +239,6 @@ mod tests {
                 ..LuaStack::default()
             }))
             .unwrap();
-            w.get_mut().saw_sample(t);
             w.push(&Record::Sample(Sample {
                 time_ns: t,
                 ..Sample::default()

@@ -105,9 +105,13 @@ pub struct Args {
 
 fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        Ok(v) if is_positive_secs(v) => Ok(v),
         _ => Err("must be a positive number of seconds".into()),
     }
+}
+
+fn is_positive_secs(v: f64) -> bool {
+    v > 0.0 && v.is_finite()
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,7 +190,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         bail!("--ring-mib must be a power of two");
     }
     if let Some(d) = args.duration {
-        if !(d > 0.0 && d.is_finite()) {
+        if !is_positive_secs(d) {
             bail!("-d must be a positive number of seconds");
         }
     }

@@ -36,6 +36,11 @@ pub fn create_private(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// A new capture file ([`create_private`]), buffered as lrec writes captures.
+pub fn create_capture(path: &Path) -> io::Result<BufWriter<File>> {
+    Ok(BufWriter::with_capacity(1 << 20, create_private(path)?))
+}
+
 /// The records' destination.
 pub enum Output {
     /// A capture file, written as recording goes.
@@ -45,7 +50,14 @@ pub enum Output {
 }
 
 impl Output {
-    pub fn flight(&mut self) -> Option<&mut Flight> {
+    pub fn flight(&self) -> Option<&Flight> {
+        match self {
+            Output::File(_) => None,
+            Output::Flight(f) => Some(f),
+        }
+    }
+
+    pub fn flight_mut(&mut self) -> Option<&mut Flight> {
         match self {
             Output::File(_) => None,
             Output::Flight(f) => Some(f),

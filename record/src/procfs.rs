@@ -40,9 +40,7 @@ pub enum ProcError {
 /// Turns an I/O error on a file below /proc/PID into [`ProcError`], reporting a vanished
 /// process as [`ProcError::NoSuchProcess`] rather than as a missing file.
 fn proc_error(pid: u32, path: &Path, source: io::Error) -> ProcError {
-    let gone = matches!(source.kind(), io::ErrorKind::NotFound)
-        || source.raw_os_error() == Some(libc::ESRCH);
-    if gone && !Path::new(&format!("/proc/{pid}")).exists() {
+    if vanished(&source) && !Path::new(&format!("/proc/{pid}")).exists() {
         ProcError::NoSuchProcess { pid }
     } else {
         ProcError::Io {
@@ -50,6 +48,11 @@ fn proc_error(pid: u32, path: &Path, source: io::Error) -> ProcError {
             source,
         }
     }
+}
+
+/// An error of a file below /proc/PID whose process (or that part of it) is gone.
+fn vanished(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 fn read_to_string(pid: u32, path: &Path) -> Result<String, ProcError> {
@@ -265,9 +268,6 @@ pub fn read_process(pid: u32) -> Result<Process, ProcError> {
     // none rather than failing the recording of a command that ran briefly.
     let ns_dir = dir.join("ns");
     let mut namespaces = Vec::new();
-    let vanished = |e: &io::Error| {
-        e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
-    };
     let entries = match fs::read_dir(&ns_dir).and_then(|d| d.collect::<io::Result<Vec<_>>>()) {
         Ok(entries) => entries,
         Err(e) if vanished(&e) => Vec::new(),

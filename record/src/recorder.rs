@@ -2,7 +2,7 @@
 //! mappings, thread names and binaries' unwind/symbol sections into the capture.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, BufWriter, IsTerminal, Read};
+use std::io::{self, IsTerminal, Read};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -12,7 +12,6 @@ use lrec_format::{Binary, CaptureWriter, FormatError, Header, Lost, Record, Thre
 
 use crate::embedder::{Embedder, Job};
 use crate::flight::Flight;
-use crate::kallsyms::KallsymsTable;
 use crate::lua::{LuaVms, VmCode};
 use crate::output::{self, Output, WriteFailed};
 use crate::procfs::{self, MapsEntry};
@@ -76,18 +75,18 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     };
     let sink = match args.flight {
         Some(secs) => {
-            let dir = output.parent().filter(|d| !d.as_os_str().is_empty());
-            if dir.is_some_and(|d| !d.is_dir()) {
+            let parent = output.parent().filter(|d| !d.as_os_str().is_empty());
+            if let Some(dir) = parent.filter(|d| !d.is_dir()) {
                 anyhow::bail!(
                     "no directory {} for the flight recorder's captures",
-                    dir.unwrap().display()
+                    dir.display()
                 );
             }
             Output::Flight(Box::new(Flight::new(secs, header.clone(), output.into())))
         }
         None => {
-            let file = output::create_private(output).context("creating the output file")?;
-            Output::File(BufWriter::with_capacity(1 << 20, file))
+            let file = output::create_capture(output).context("creating the output file")?;
+            Output::File(file)
         }
     };
     let writer = CaptureWriter::new(sink, &header)?;
@@ -104,7 +103,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         Ok(s) => s,
         Err(e) => {
             // Nothing was recorded: leave no empty capture behind.
-            if matches!(writer.get_ref(), Output::File(_)) {
+            if args.flight.is_none() {
                 drop(writer);
                 let _ = std::fs::remove_file(output);
             }
@@ -257,6 +256,12 @@ impl Proc {
     fn maps_older_than(&self, age: Duration) -> bool {
         self.last_maps_read.is_none_or(|t| t.elapsed() >= age)
     }
+
+    /// A sample at `ip` fell outside the known mappings, read long enough ago to be read
+    /// again.
+    fn maps_miss(&self, ip: u64) -> bool {
+        ip != 0 && !self.is_known(ip) && self.maps_older_than(MAPS_MISS_REFRESH)
+    }
 }
 
 struct Recording {
@@ -301,7 +306,7 @@ impl Recording {
             vms: HashMap::new(),
             vm_checked: HashSet::new(),
             lua: LuaVms::default(),
-            kallsyms: Kallsyms::Loading(std::thread::spawn(KallsymsTable::load)),
+            kallsyms: Kallsyms::load(),
             samples: 0,
             lost: 0,
         }
@@ -326,17 +331,26 @@ impl Recording {
     fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
         let (sample, walk) = RawSample::decode(bytes)?;
         let pid = sample.pid;
-        if !self.procs.contains_key(&pid) {
-            // A process forked by a target since the last look.
-            self.add_process(pid)?;
-        }
-        let proc = &self.procs[&pid];
-        if !proc.threads.contains_key(&sample.tid) {
+        // Usually one lookup: the process and thread are known.
+        let (new_thread, stale) = match self.procs.get(&pid) {
+            Some(p) => (
+                !p.threads.contains_key(&sample.tid),
+                p.maps_miss(sample.regs.ip),
+            ),
+            None => {
+                // A process forked by a target since the last look.
+                self.add_process(pid)?;
+                let p = &self.procs[&pid];
+                (
+                    !p.threads.contains_key(&sample.tid),
+                    p.maps_miss(sample.regs.ip),
+                )
+            }
+        };
+        if new_thread {
             self.note_thread(pid, sample.tid)?;
         }
-        let proc = &self.procs[&pid];
-        let missed = sample.regs.ip != 0 && !proc.is_known(sample.regs.ip);
-        if missed && proc.maps_older_than(MAPS_MISS_REFRESH) {
+        if stale {
             self.refresh_maps(pid)?;
         }
         self.kernel_addrs.extend(&sample.kernel_stack);
@@ -347,9 +361,6 @@ impl Recording {
         }
         if let Some(lua) = lua {
             self.writer.push(&Record::LuaStack(lua))?;
-        }
-        if let Some(flight) = self.writer.get_mut().flight() {
-            flight.saw_sample(sample.time_ns);
         }
         self.writer.push(&Record::Sample(sample))?;
         Ok(())
@@ -374,7 +385,7 @@ impl Recording {
                 count: total - self.lost,
             };
             // The flight recorder keeps the window's lost counts itself.
-            match self.writer.get_mut().flight() {
+            match self.writer.get_mut().flight_mut() {
                 Some(flight) => flight.note_lost(lost),
                 None => self.writer.push(&Record::Lost(lost))?,
             }
@@ -633,7 +644,7 @@ impl Recording {
 
     fn flush(&mut self) -> Result<()> {
         self.writer.flush()?;
-        if let Some(flight) = self.writer.get_mut().flight() {
+        if let Some(flight) = self.writer.get_mut().flight_mut() {
             flight.evict(procfs::monotonic_ns());
         }
         Ok(())

@@ -2,12 +2,11 @@
 //! threads, kernel symbols, the end record), the flight recorder's dumps, and the
 //! summaries lrec prints.
 
-use std::io;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use lrec_format::{End, FormatError, KernelSymbols, Record, ThreadName};
+use lrec_format::{End, KernelSymbols, Record, ThreadName};
 
 use super::Recording;
 use crate::kallsyms::KallsymsTable;
@@ -30,19 +29,14 @@ impl Summary {
         output: &Path,
         bpf_cost: Option<(u64, Duration)>,
     ) {
+        print_totals(self.samples, self.lost, self.threads, elapsed, reason);
         eprintln!(
-            "lrec: {} samples ({} lost) from {} threads in {:.1} s, {reason}\n\
-             lrec: wrote {} ({}, {} B/sample)\n\
-             lrec: next: lanalyze {} --flamegraph -o flame.svg",
-            self.samples,
-            self.lost,
-            self.threads,
-            elapsed.as_secs_f64(),
+            "lrec: wrote {} ({}, {} B/sample)",
             output.display(),
             human_bytes(self.bytes),
             self.bytes.checked_div(self.samples).unwrap_or(0),
-            output.display(),
         );
+        print_next(output);
         if let Some((runs, time)) = bpf_cost {
             eprintln!(
                 "lrec: BPF sampler: {runs} runs, {:.1} us per run (kernel.bpf_stats_enabled)",
@@ -52,10 +46,31 @@ impl Summary {
     }
 }
 
+/// The first line of every summary.
+fn print_totals(samples: u64, lost: u64, threads: usize, elapsed: Duration, reason: &str) {
+    eprintln!(
+        "lrec: {samples} samples ({lost} lost) from {threads} threads in {:.1} s, {reason}",
+        elapsed.as_secs_f64()
+    );
+}
+
+/// The last line of every summary: what to run next.
+fn print_next(capture: &Path) {
+    eprintln!(
+        "lrec: next: lanalyze {} --flamegraph -o flame.svg",
+        capture.display()
+    );
+}
+
 impl Recording {
-    pub(super) fn print_status(&mut self, elapsed: Duration) {
-        let threads = self.procs.values().map(|p| p.threads.len()).sum::<usize>();
-        let held = match self.writer.get_mut().flight() {
+    /// Threads seen so far.
+    fn threads(&self) -> usize {
+        self.procs.values().map(|p| p.threads.len()).sum()
+    }
+
+    pub(super) fn print_status(&self, elapsed: Duration) {
+        let threads = self.threads();
+        let held = match self.writer.get_ref().flight() {
             Some(f) => {
                 let (meta, ring) = f.held_bytes();
                 let w = f.window();
@@ -81,20 +96,17 @@ impl Recording {
     /// symbols of the kernel addresses sampled so far.
     pub(super) fn settle(&mut self) -> Result<Option<KernelSymbols>> {
         self.write_embedded(true)?;
-        let mut renamed = Vec::new();
         for (&pid, proc) in &mut self.procs {
             for (&tid, old) in &mut proc.threads {
                 match procfs::thread_name(pid, tid) {
                     Some(name) if *old != name => {
                         old.clone_from(&name);
-                        renamed.push(ThreadName { pid, tid, name });
+                        self.writer
+                            .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
                     }
                     _ => {}
                 }
             }
-        }
-        for t in renamed {
-            self.writer.push(&Record::ThreadName(t))?;
         }
         if self.kernel_addrs.is_empty() {
             return Ok(None);
@@ -106,12 +118,13 @@ impl Recording {
     /// Flight recorder: writes the window out as the next numbered capture.
     pub(super) fn dump(&mut self, reason: &str) -> Result<()> {
         let syms = self.settle()?;
-        self.flush()?;
+        // Writes out the last samples; the dump leaves what aged out of the window.
+        self.writer.flush()?;
         let extra: Vec<Record> = syms.into_iter().map(Record::KernelSymbols).collect();
         let flight = self
             .writer
             .get_mut()
-            .flight()
+            .flight_mut()
             .expect("dumps are of a flight");
         let window = flight.window_secs();
         let d = flight.dump(procfs::monotonic_ns(), &extra, reason)?;
@@ -126,16 +139,11 @@ impl Recording {
         Ok(())
     }
 
-    pub(super) fn print_flight_summary(&mut self, elapsed: Duration, reason: &str) {
-        let (samples, lost) = (self.samples, self.lost);
-        let threads = self.procs.values().map(|p| p.threads.len()).sum::<usize>();
-        let flight = self.writer.get_mut().flight().expect("a flight");
+    pub(super) fn print_flight_summary(&self, elapsed: Duration, reason: &str) {
+        let flight = self.writer.get_ref().flight().expect("a flight");
         let (aged, aged_lost) = flight.aged();
         let (meta, ring) = flight.held_bytes();
-        eprintln!(
-            "lrec: {samples} samples ({lost} lost) from {threads} threads in {:.1} s, {reason}",
-            elapsed.as_secs_f64()
-        );
+        print_totals(self.samples, self.lost, self.threads(), elapsed, reason);
         eprintln!(
             "lrec: flight recorder kept the last {} s: {} in memory at the end ({} of samples, \
              {} of metadata)",
@@ -158,10 +166,7 @@ impl Recording {
             );
         }
         if let Some(d) = flight.dumps.last() {
-            eprintln!(
-                "lrec: next: lanalyze {} --flamegraph -o flame.svg",
-                d.path.display()
-            );
+            print_next(&d.path);
         }
     }
 
@@ -175,11 +180,11 @@ impl Recording {
             lost: self.lost,
             reason: reason.to_string(),
         }))?;
-        let threads = self.procs.values().map(|p| p.threads.len()).sum::<usize>();
-        let Output::File(mut out) = self.writer.finish()? else {
+        let threads = self.threads();
+        // finish() flushed the file.
+        let Output::File(out) = self.writer.finish()? else {
             unreachable!("a flight ends with a dump");
         };
-        io::Write::flush(&mut out).map_err(FormatError::Io)?;
         let bytes = out.get_ref().metadata().map(|m| m.len()).unwrap_or(0);
         Ok(Summary {
             samples: self.samples,
@@ -190,18 +195,23 @@ impl Recording {
     }
 }
 
-/// /proc/kallsyms: loading on a thread, then loaded (or not, said once).
-pub(super) enum Kallsyms {
-    Loading(std::thread::JoinHandle<Result<KallsymsTable, procfs::ProcError>>),
-    Loaded(Option<KallsymsTable>),
+/// /proc/kallsyms, loading on a thread until first asked for (a failure said once).
+pub(super) struct Kallsyms {
+    loading: Option<std::thread::JoinHandle<Result<KallsymsTable, procfs::ProcError>>>,
+    table: Option<KallsymsTable>,
 }
 
 impl Kallsyms {
+    pub(super) fn load() -> Kallsyms {
+        Kallsyms {
+            loading: Some(std::thread::spawn(KallsymsTable::load)),
+            table: None,
+        }
+    }
+
     fn table(&mut self) -> Option<&KallsymsTable> {
-        let old = std::mem::replace(self, Kallsyms::Loaded(None));
-        *self = Kallsyms::Loaded(match old {
-            Kallsyms::Loaded(t) => t,
-            Kallsyms::Loading(thread) => match thread.join() {
+        if let Some(thread) = self.loading.take() {
+            self.table = match thread.join() {
                 Ok(Ok(table)) => Some(table),
                 Ok(Err(e)) => {
                     eprintln!("lrec: warning: kernel frames stay unnamed: {e}");
@@ -211,11 +221,8 @@ impl Kallsyms {
                     eprintln!("lrec: warning: kernel frames stay unnamed");
                     None
                 }
-            },
-        });
-        match self {
-            Kallsyms::Loaded(t) => t.as_ref(),
-            Kallsyms::Loading(_) => None,
+            };
         }
+        self.table.as_ref()
     }
 }
