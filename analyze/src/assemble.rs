@@ -64,8 +64,7 @@ pub(crate) fn assemble(
                 tid: s.tid,
                 thread: 0,
                 frames: ids,
-                truncated: s.end != StackEnd::Complete,
-                failed: s.end == StackEnd::Failed,
+                end: s.end,
                 kernel_mode: s.kernel_mode,
                 vm_state: s.vm_state,
                 jit_mapped: s.jit_mapped,
@@ -192,8 +191,11 @@ pub(crate) fn sample_stats(samples: &[ProfileSample], lost: u64) -> Stats {
         stats.samples += 1;
         stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
         stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
-        stats.truncated += u64::from(s.truncated && !s.failed);
-        stats.failed_unwinds += u64::from(s.failed);
+        match s.end {
+            StackEnd::Complete => {}
+            StackEnd::Truncated => stats.truncated += 1,
+            StackEnd::Failed => stats.failed_unwinds += 1,
+        }
         stats.kernel_samples += u64::from(s.kernel_mode);
         if let Some(state) = s.vm_state {
             *stats

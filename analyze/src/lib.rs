@@ -26,7 +26,7 @@ use lrec_format::{Binary, Capture};
 
 pub use profile::{
     BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
-    Stats, Thread, Warning,
+    StackEnd, Stats, Thread, Warning,
 };
 
 /// What [`analyze`] should do.

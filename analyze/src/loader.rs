@@ -58,7 +58,7 @@ impl BinaryLocator for LocalFiles {
 impl LocalFiles {
     fn find_debug_file(&self, binary: &Binary, link: Option<(String, u32)>) -> Option<Binary> {
         if let Some(id) = binary.build_id.as_deref().filter(|id| id.len() >= 2) {
-            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = crate::image::build_id_hex(id);
             let path = self
                 .debug_root
                 .join(".build-id")

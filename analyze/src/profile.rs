@@ -97,16 +97,33 @@ pub struct ProfileSample {
     pub thread: usize,
     /// Root first, leaf last; kernel frames (if any) come after the user leaf.
     pub frames: Vec<FrameId>,
-    /// The user stack could not be followed to its root function.
-    pub truncated: bool,
-    /// Not even one user frame beyond the leaf could be found (implies `truncated`).
-    pub failed: bool,
+    /// How far the user stack could be followed.
+    pub end: StackEnd,
     /// Taken while the thread ran in the kernel.
     pub kernel_mode: bool,
     /// The Lua VM's state (`G->vmstate`), when the sample ran in a Lua VM.
     pub vm_state: Option<i32>,
     /// In a LuaJIT trace: whether its snapshot mapped the sample to the inlined frames.
     pub jit_mapped: Option<bool>,
+}
+
+impl ProfileSample {
+    /// The user stack could not be followed to its root function.
+    pub fn truncated(&self) -> bool {
+        self.end != StackEnd::Complete
+    }
+}
+
+/// How an unwind ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum StackEnd {
+    /// The root function was reached (its unwind info says there is no caller).
+    #[default]
+    Complete,
+    /// Some frames were found, then unwinding stopped early.
+    Truncated,
+    /// Nothing beyond the leaf could be found.
+    Failed,
 }
 
 /// A thread that samples were taken from.

@@ -20,7 +20,7 @@ use lrec_format::{
 
 use crate::assemble::{index_threads, sample_stats};
 use crate::metadata::Metadata;
-use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample};
+use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd};
 use crate::Options;
 
 /// Frames per [`ResolvedFrames`] record.
@@ -181,8 +181,8 @@ fn resolved_sample(s: &ProfileSample) -> ResolvedSample {
         pid: s.pid,
         tid: s.tid,
         frames: s.frames.clone(),
-        flags: bit(s.truncated, flags::TRUNCATED)
-            | bit(s.failed, flags::FAILED)
+        flags: bit(s.truncated(), flags::TRUNCATED)
+            | bit(s.end == StackEnd::Failed, flags::FAILED)
             | bit(s.kernel_mode, flags::KERNEL_MODE)
             | bit(s.jit_mapped == Some(true), flags::JIT_MAPPED)
             | bit(s.jit_mapped == Some(false), flags::JIT_UNMAPPED),
@@ -197,8 +197,13 @@ fn profile_sample(s: ResolvedSample) -> ProfileSample {
         pid: s.pid,
         tid: s.tid,
         thread: 0,
-        truncated: has(flags::TRUNCATED),
-        failed: has(flags::FAILED),
+        end: if has(flags::FAILED) {
+            StackEnd::Failed
+        } else if has(flags::TRUNCATED) {
+            StackEnd::Truncated
+        } else {
+            StackEnd::Complete
+        },
         kernel_mode: has(flags::KERNEL_MODE),
         jit_mapped: if has(flags::JIT_MAPPED) {
             Some(true)
@@ -239,8 +244,7 @@ mod tests {
             tid: 2,
             thread: 0,
             frames: vec![0, 1, 2],
-            truncated: true,
-            failed: false,
+            end: StackEnd::Truncated,
             kernel_mode: true,
             vm_state: Some(-3),
             jit_mapped: Some(false),

@@ -56,16 +56,7 @@ impl CodeAddress {
     }
 }
 
-/// How an unwind ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StackEnd {
-    /// The root function was reached (its unwind info says there is no caller).
-    Complete,
-    /// Some frames were found, then unwinding stopped early.
-    Truncated,
-    /// Nothing beyond the leaf could be found.
-    Failed,
-}
+pub(crate) use crate::profile::StackEnd;
 
 /// The user part of a stack, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]

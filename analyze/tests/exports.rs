@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use lanalyze::render::TRUNCATED_FRAME;
 use lanalyze::{analyze, FrameKind, Options, Profile};
 use lrec_format::Capture;
 use serde_json::Value;
@@ -143,7 +144,7 @@ fn stacks_in_time_order(profile: &Profile, thread: usize) -> Vec<Vec<String>> {
     samples
         .iter()
         .map(|s| {
-            let truncated = s.truncated.then(|| "[truncated]".to_owned());
+            let truncated = s.truncated().then(|| TRUNCATED_FRAME.to_owned());
             truncated
                 .into_iter()
                 .chain(s.frames.iter().map(|&id| names[id as usize].clone()))

@@ -29,10 +29,7 @@ pub fn write_firefox(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
 /// The profile in the crate's model, which serializes to the processed format.
 fn firefox_profile(profile: &Profile) -> FxProfile {
     let clock = Clock::new(profile);
-    let period_ns = match profile.header.frequency_hz {
-        0 => None,
-        hz => Some(1_000_000_000 / u64::from(hz)),
-    };
+    let period_ns = super::period_ns(profile.header.frequency_hz).map(|p| p as u64);
     // An unknown period: the Firefox Profiler's own default interval.
     let interval = SamplingInterval::from_nanos(period_ns.unwrap_or(1_000_000));
     let mut fx = FxProfile::new(&super::command(profile), clock.reference, interval);
@@ -61,10 +58,10 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
     for s in order.into_iter().map(|i| &profile.samples[i]) {
         let thread = threads[s.thread];
         let state = s.vm_state.and_then(luajit::state_frame);
-        let key = (s.thread, s.truncated, state, s.frames.as_slice());
+        let key = (s.thread, s.truncated(), state, s.frames.as_slice());
         let stack = *stacks.entry(key).or_insert_with(|| {
             infos.clear();
-            if s.truncated {
+            if s.truncated() {
                 infos.push(label(truncated, CategoryHandle::OTHER.into(), false));
             }
             let frames: Vec<&Frame> = s.frames.iter().map(|&id| profile.frame(id)).collect();
@@ -391,7 +388,7 @@ impl StaticSchemaMarker for WarningMarker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{LuaLines, ProfileSample, Thread, Warning};
+    use crate::{LuaLines, ProfileSample, StackEnd, Thread, Warning};
     use serde_json::{json, Value};
 
     fn lua(name: &str, jit: bool) -> Frame {
@@ -457,7 +454,7 @@ mod tests {
                 gc(sample(0, 10, &[0, 1, 2, 4, 5])),
                 sample(0, 20, &[0, 1, 2, 5]),
                 ProfileSample {
-                    truncated: true,
+                    end: StackEnd::Truncated,
                     ..sample(1, 15, &[0, 6])
                 },
                 ProfileSample {

@@ -20,7 +20,7 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
             0
         };
         *distinct
-            .entry((thread, sample.truncated, &sample.frames))
+            .entry((thread, sample.truncated(), &sample.frames))
             .or_default() += 1;
     }
     let names: Vec<String> = profile
@@ -76,7 +76,7 @@ fn sanitize(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Frame, FrameKind, ProfileSample, Thread};
+    use crate::{Frame, FrameKind, ProfileSample, StackEnd, Thread};
 
     fn frame(name: &str, kind: FrameKind) -> Frame {
         Frame::named(name, None, kind)
@@ -89,7 +89,11 @@ mod tests {
             tid: 1 + thread as u32,
             thread,
             frames: frames.to_vec(),
-            truncated,
+            end: if truncated {
+                StackEnd::Truncated
+            } else {
+                StackEnd::Complete
+            },
             ..ProfileSample::default()
         }
     }

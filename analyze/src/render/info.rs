@@ -99,7 +99,7 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "binaries ({})", profile.binaries.len())?;
     for b in &profile.binaries {
         let id = match &b.build_id {
-            Some(id) => id.iter().map(|x| format!("{x:02x}")).collect(),
+            Some(id) => crate::image::build_id_hex(id),
             None => "(no build-id)".to_owned(),
         };
         writeln!(out, "  {}", b.path)?;

@@ -39,6 +39,12 @@ impl Default for StackOptions {
 /// Root frame of stacks that could not be followed to their root function.
 pub const TRUNCATED_FRAME: &str = "[truncated]";
 
+/// Nanoseconds of CPU time one sample stands for, the sampling period; `None` when the
+/// capture does not say its frequency.
+pub(crate) fn period_ns(frequency_hz: u32) -> Option<f64> {
+    (frequency_hz > 0).then(|| 1e9 / f64::from(frequency_hz))
+}
+
 /// What was recorded: the lrec command line (titles of the outputs).
 pub(crate) fn command(profile: &crate::Profile) -> String {
     match profile.header.command_line.as_slice() {

@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 
 use self::proto::Message;
 use super::TRUNCATED_FRAME;
+use crate::image::{basename, build_id_hex};
 use crate::{Frame, FrameId, FrameKind, Naming, Profile};
 
 /// Field numbers of profile.proto, by message.
@@ -104,11 +105,9 @@ pub fn write_pprof(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     Ok(())
 }
 
-/// Nanoseconds of CPU time that one sample stands for: the sampling interval, rounded.
-/// `None` when the capture does not say its frequency.
+/// The sampling period in nanoseconds, rounded: pprof's values are integers.
 fn period_ns(frequency_hz: u32) -> Option<i64> {
-    let hz = i64::from(frequency_hz);
-    (hz > 0).then(|| (1_000_000_000 + hz / 2) / hz)
+    super::period_ns(frequency_hz).map(|p| p.round() as i64)
 }
 
 /// Writes the (uncompressed) profile.proto message.
@@ -131,7 +130,7 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     let mut stacks: FxHashMap<(usize, &[FrameId], bool), i64> = FxHashMap::default();
     for s in &profile.samples {
         *stacks
-            .entry((s.thread, &s.frames, s.truncated))
+            .entry((s.thread, &s.frames, s.truncated()))
             .or_default() += 1;
     }
     let mut stacks: Vec<_> = stacks.into_iter().collect();
@@ -277,13 +276,10 @@ impl<'p> Builder<'p> {
             placeholders: FxHashMap::default(),
         };
         for binary in &profile.binaries {
-            let build_id: Option<String> = binary
-                .build_id
-                .as_ref()
-                .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+            let build_id = binary.build_id.as_deref().map(build_id_hex);
             let id = b.mapping(&binary.path, build_id.as_deref());
-            let basename = binary.path.rsplit('/').next().unwrap_or(&binary.path);
-            b.binaries.entry(basename).or_insert(id);
+            // As frames name their module.
+            b.binaries.entry(basename(&binary.path)).or_insert(id);
         }
         b
     }

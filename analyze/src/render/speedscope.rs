@@ -67,9 +67,9 @@ pub fn write_speedscope(profile: &Profile, out: &mut dyn Write) -> io::Result<()
 fn file(profile: &Profile) -> File<'_> {
     let (frames, index) = frame_table(profile);
     // Without a frequency a sample weighs 1 of unit "none": a sample count.
-    let (unit, weight) = match profile.header.frequency_hz {
-        0 => ("none", 1),
-        hz => ("nanoseconds", 1_000_000_000 / u64::from(hz)),
+    let (unit, weight) = match super::period_ns(profile.header.frequency_hz) {
+        None => ("none", 1),
+        Some(p) => ("nanoseconds", p as u64),
     };
     let mut by_thread: Vec<Vec<&ProfileSample>> = vec![Vec::new(); profile.threads.len()];
     for s in &profile.samples {
@@ -85,7 +85,7 @@ fn file(profile: &Profile) -> File<'_> {
             let stacks: Vec<Vec<u32>> = samples
                 .iter()
                 .map(|s| {
-                    let truncated = s.truncated.then_some(index.truncated);
+                    let truncated = s.truncated().then_some(index.truncated);
                     truncated
                         .into_iter()
                         .chain(s.frames.iter().map(|&id| index.of_frame[id as usize]))
@@ -180,7 +180,7 @@ impl<'a> FrameTable<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Frame, LuaLines, Naming, Thread};
+    use crate::{Frame, LuaLines, Naming, StackEnd, Thread};
     use serde_json::{json, Value};
 
     fn lua(name: &str, first: u32, current: u32, jit: bool) -> Frame {
@@ -198,7 +198,11 @@ mod tests {
             tid: [1, 2][thread],
             thread,
             frames: frames.to_vec(),
-            truncated,
+            end: if truncated {
+                StackEnd::Truncated
+            } else {
+                StackEnd::Complete
+            },
             ..ProfileSample::default()
         }
     }

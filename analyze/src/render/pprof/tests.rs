@@ -5,7 +5,7 @@ use std::io::Read;
 
 use super::proto::decode::{fields, packed, Value};
 use super::*;
-use crate::{BinaryInfo, LuaLines, ProfileSample, Thread};
+use crate::{BinaryInfo, LuaLines, ProfileSample, StackEnd, Thread};
 
 /// A sample as `((labels, stack of locations leaf first), values)`.
 type Stack = ((String, Vec<String>), Vec<u64>);
@@ -183,7 +183,11 @@ fn sample(thread: usize, time_ns: u64, frames: &[u32], truncated: bool) -> Profi
         tid: 10 + thread as u32,
         thread,
         frames: frames.to_vec(),
-        truncated,
+        end: if truncated {
+            StackEnd::Truncated
+        } else {
+            StackEnd::Complete
+        },
         ..ProfileSample::default()
     }
 }
