@@ -151,7 +151,6 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
-    let lua_ctx = LuaContext { meta: &meta };
     let unwound: Vec<UnwoundChunk> = capture
         .chunks()
         .par_iter()
@@ -172,7 +171,7 @@ pub fn run(
                             .filter(|l| l.tid == s.tid && l.time_ns == s.time_ns);
                         if opts.keeps(header.monotonic_start_ns, s.pid, s.tid, s.time_ns) {
                             let maps = maps.get(&s.pid);
-                            let lua = lua.as_ref().map(|l| (l, &lua_ctx));
+                            let lua = lua.as_ref().map(|l| (l, &meta));
                             samples.push(unwind_sample(s, maps, lua, cache, &mut frames));
                         }
                     }
@@ -259,74 +258,66 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
         .collect()
 }
 
-/// What merging Lua frames needs from the capture's metadata.
-struct LuaContext<'a> {
-    meta: &'a Metadata,
-}
-
-impl LuaContext<'_> {
-    /// Frame `i` of `stack`, located, with its current line.
-    fn frame(
-        &self,
-        pid: u32,
-        stack: &LuaStack,
-        i: usize,
-        puc: bool,
-        space: &AddressSpace,
-    ) -> UserFrame {
-        let f = &stack.frames[i];
-        match f.kind {
-            lua_frame_kind::LUA => {
-                let line = self
-                    .meta
-                    .lua_protos
-                    .get(&(pid, f.function))
-                    .and_then(|p| p.lines.get(f.pos as usize).copied())
-                    .unwrap_or(0);
-                // Called by a Lua function (or a metamethod it triggered): the calling
-                // instruction names the callee.
-                let caller = stack.frames.get(i + 1).filter(|c| {
-                    c.kind == lua_frame_kind::LUA
-                        && if puc {
-                            lua::puc::called_by_lua(f, c)
-                        } else {
-                            luajit::called_by_lua(f.link)
-                        }
-                });
-                let called_from = caller.map(|c| (c.function, c.pos));
-                // A trace's start frame and the functions inlined into it run compiled
-                // code (captures before lrec marked them: the innermost frame in a trace).
-                let jit = !puc && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
-                UserFrame::Lua {
-                    pid,
-                    proto: f.function,
-                    line,
-                    called_from,
-                    jit,
-                }
+/// Frame `i` of `stack`, located, with its current line.
+fn lua_frame(
+    meta: &Metadata,
+    pid: u32,
+    stack: &LuaStack,
+    i: usize,
+    puc: bool,
+    space: &AddressSpace,
+) -> UserFrame {
+    let f = &stack.frames[i];
+    match f.kind {
+        lua_frame_kind::LUA => {
+            let line = meta
+                .lua_protos
+                .get(&(pid, f.function))
+                .and_then(|p| p.lines.get(f.pos as usize).copied())
+                .unwrap_or(0);
+            // Called by a Lua function (or a metamethod it triggered): the calling
+            // instruction names the callee.
+            let caller = stack.frames.get(i + 1).filter(|c| {
+                c.kind == lua_frame_kind::LUA
+                    && if puc {
+                        lua::puc::called_by_lua(f, c)
+                    } else {
+                        luajit::called_by_lua(f.link)
+                    }
+            });
+            let called_from = caller.map(|c| (c.function, c.pos));
+            // A trace's start frame and the functions inlined into it run compiled
+            // code (captures before lrec marked them: the innermost frame in a trace).
+            let jit = !puc && (f.link & LUA_LINK_JIT != 0 || (i == 0 && stack.vmstate >= 0));
+            UserFrame::Lua {
+                pid,
+                proto: f.function,
+                line,
+                called_from,
+                jit,
             }
-            lua_frame_kind::BUILTIN => UserFrame::LuaBuiltin { pid, id: f.builtin },
-            // A C function: named by its symbol, as a native frame would be.
-            _ => locate(
-                space,
-                &CodeAddress {
-                    avma: f.address,
-                    is_return: false,
-                    region: space
-                        .region_index(f.address)
-                        .filter(|&i| space.region_at(i).executable),
-                    sp: 0,
-                    vm_work: false,
-                },
-            ),
         }
+        lua_frame_kind::BUILTIN => UserFrame::LuaBuiltin { pid, id: f.builtin },
+        // A C function: named by its symbol, as a native frame would be.
+        _ => locate(
+            space,
+            &CodeAddress {
+                avma: f.address,
+                is_return: false,
+                region: space
+                    .region_index(f.address)
+                    .filter(|&i| space.region_at(i).executable),
+                sp: 0,
+                vm_work: false,
+            },
+        ),
     }
 }
 
 fn unwind_sample(
     s: SampleRef,
     maps: Option<&ProcessMaps>,
-    lua: Option<(&LuaStack, &LuaContext)>,
+    lua: Option<(&LuaStack, &Metadata)>,
     cache: &mut UnwindCache,
     frames: &mut ChunkFrames,
 ) -> UnwoundSample {
@@ -354,7 +345,7 @@ fn unwind_sample(
         }),
     };
     // The Lua VM the sample ran in, if its runtime is known.
-    let lua = lua.and_then(|(l, ctx)| Some((l, ctx, ctx.meta.lua_runtimes.get(&s.pid)?)));
+    let lua = lua.and_then(|(l, meta)| Some((l, meta, meta.lua_runtimes.get(&s.pid)?)));
     match space {
         // A kernel thread has neither user registers nor mappings: nothing is missing.
         _ if no_regs => {
@@ -386,7 +377,7 @@ fn unwind_sample(
             };
             let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);
             match lua {
-                Some((l, ctx, rt)) => {
+                Some((l, meta, rt)) => {
                     let mut merged = Vec::new();
                     match hint {
                         Some(hint) => {
@@ -403,7 +394,7 @@ fn unwind_sample(
                         .map(|m| {
                             frames.id(match *m {
                                 Merged::Native(i) => locate(space, &stack.frames[i]),
-                                Merged::Lua(i) => ctx.frame(s.pid, l, i, puc, space),
+                                Merged::Lua(i) => lua_frame(meta, s.pid, l, i, puc, space),
                                 Merged::State(name) => UserFrame::LuaState(name),
                             })
                         })

@@ -1,7 +1,7 @@
 //! The last stage of the analysis: each distinct frame named once, each sample turned
 //! into frame ids, and the counters, warnings and binary facts of the [`Profile`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -161,24 +161,26 @@ pub(crate) fn index_threads(
     samples: &mut [ProfileSample],
     name: impl Fn(u32, u32) -> String,
 ) -> Vec<Thread> {
-    let mut counts: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    for s in samples.iter() {
-        *counts.entry((s.pid, s.tid)).or_default() += 1;
+    // Threads sorted by (pid, tid), each with its index.
+    let mut index: BTreeMap<(u32, u32), usize> =
+        samples.iter().map(|s| ((s.pid, s.tid), 0)).collect();
+    for (i, slot) in index.values_mut().enumerate() {
+        *slot = i;
     }
-    let index: HashMap<(u32, u32), usize> =
-        counts.keys().enumerate().map(|(i, k)| (*k, i)).collect();
-    for s in samples.iter_mut() {
-        s.thread = index[&(s.pid, s.tid)];
-    }
-    counts
-        .into_iter()
-        .map(|((pid, tid), samples)| Thread {
+    let mut threads: Vec<Thread> = index
+        .keys()
+        .map(|&(pid, tid)| Thread {
             pid,
             tid,
             name: name(pid, tid),
-            samples,
+            samples: 0,
         })
-        .collect()
+        .collect();
+    for s in samples.iter_mut() {
+        s.thread = index[&(s.pid, s.tid)];
+        threads[s.thread].samples += 1;
+    }
+    threads
 }
 
 /// The counters of a profile's samples; `lost` is what the kernel reported dropped.
@@ -239,9 +241,14 @@ fn user_frames(
             called_from,
             jit,
         } => {
-            let mut frame = lua_function_frame(meta, *pid, *proto, *line, *called_from);
-            frame.jit = *jit;
-            push(frame);
+            push(lua_function_frame(
+                meta,
+                *pid,
+                *proto,
+                *line,
+                *called_from,
+                *jit,
+            ));
             return;
         }
         UserFrame::LuaBuiltin { pid, id } => {
@@ -294,13 +301,14 @@ fn user_frames(
 }
 
 /// A Lua function: `NAME CHUNK:LINEDEFINED` (`CHUNK:LINEDEFINED` when the call gives no
-/// name), running `line` (0: unknown).
+/// name), running `line` (0: unknown), JIT-compiled or not.
 fn lua_function_frame(
     meta: &Metadata,
     pid: u32,
     proto: u32,
     line: u32,
     called_from: Option<(u32, u32)>,
+    jit: bool,
 ) -> Frame {
     let name = called_from.and_then(|(caller, pos)| {
         let c = meta.lua_protos.get(&(pid, caller))?;
@@ -324,14 +332,14 @@ fn lua_function_frame(
             first,
             current: line,
         }),
-        jit: false,
+        jit,
         function,
         module,
         kind: FrameKind::Lua,
     }
 }
 
-fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {
+pub(crate) fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {
     if let Some(name) = meta.thread_names.get(&(pid, tid)) {
         return name.clone();
     }

@@ -158,7 +158,10 @@ fn run(cli: Cli) -> Result<()> {
             .output
             .as_deref()
             .expect("clap requires -o with --strip");
-        return strip::write_stripped(&profiles[0], path)
+        // Created private, as lrec creates captures.
+        let file = lrec_format::create_private(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        return strip::write_stripped(&profiles[0], BufWriter::new(file))
             .with_context(|| format!("cannot write {}", path.display()));
     }
     let mut out: Box<dyn Write> = match &cli.output {

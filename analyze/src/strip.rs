@@ -7,18 +7,14 @@
 //! binaries, Lua VMs and warnings. Every output of lanalyze reads it like the original
 //! (filters, `--lines` and `--mark-jit` included: frames keep those details).
 
-use std::fs::OpenOptions;
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::io::Write;
 
-use anyhow::{Context, Result};
 use lrec_format::{
-    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, Lost, ResolvedFrame,
-    ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
+    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, FormatError, Lost,
+    ResolvedFrame, ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
 };
 
-use crate::assemble::{index_threads, sample_stats};
+use crate::assemble::{index_threads, sample_stats, thread_name};
 use crate::metadata::Metadata;
 use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd};
 use crate::Options;
@@ -26,17 +22,9 @@ use crate::Options;
 /// Frames per [`ResolvedFrames`] record.
 const FRAMES_PER_RECORD: usize = 4096;
 
-/// Writes `profile` as a stripped capture to `path`, created mode 0600 (as perf creates
-/// its data files), replacing any file there.
-pub fn write_stripped(profile: &Profile, path: &Path) -> Result<()> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    let mut w = CaptureWriter::new(BufWriter::new(file), &profile.header)?;
+/// Writes `profile` as a stripped capture to `out`.
+pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatError> {
+    let mut w = CaptureWriter::new(out, &profile.header)?;
     for t in &profile.threads {
         w.push(
             &ThreadName {
@@ -83,7 +71,7 @@ pub fn write_stripped(profile: &Profile, path: &Path) -> Result<()> {
             .unwrap_or_else(|| "cut short (no end record)".into()),
     };
     w.push(&end.into())?;
-    w.finish()?.flush()?;
+    w.finish()?;
     Ok(())
 }
 
@@ -110,12 +98,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         }
         samples.push(profile_sample(s));
     }
-    let threads = index_threads(&mut samples, |pid, tid| {
-        meta.thread_names
-            .get(&(pid, tid))
-            .cloned()
-            .unwrap_or_else(|| format!("[tid {tid}]"))
-    });
+    let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
     let mut warnings = summary.warnings;
     warnings.extend(meta.read_warnings.iter().map(|w| crate::Warning {
         message: w.to_string(),

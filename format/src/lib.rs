@@ -56,6 +56,21 @@ pub enum FormatError {
     Io(#[from] std::io::Error),
 }
 
+/// Creates (or truncates) a capture file readable and writable by its owner only, as perf
+/// creates its data files: a capture holds the target's memory, which may hold secrets.
+pub fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // `mode` only applies to a new file: an old capture overwritten keeps its mode.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
 /// The checksum covers the chunk header too, so a damaged length or kinds field is
 /// caught like damaged data.
 pub(crate) fn chunk_crc(header: &[u8], payload: &[u8]) -> u32 {

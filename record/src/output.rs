@@ -2,12 +2,11 @@
 //! ([`Flight`]). Every capture file lrec writes is created private (mode 0600, as perf
 //! does): it holds the target's stack memory, which may hold secrets.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufWriter};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use lrec_format::{CaptureSink, Chunk};
+use lrec_format::{create_private, CaptureSink, Chunk};
 
 use crate::flight::Flight;
 
@@ -21,19 +20,6 @@ use crate::flight::Flight;
 pub struct WriteFailed {
     pub path: PathBuf,
     pub error: io::Error,
-}
-
-/// Creates (or truncates) a capture file readable and writable by its owner only.
-pub fn create_private(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    // `mode` only applies to a new file: an old capture overwritten keeps its mode.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    Ok(file)
 }
 
 /// A new capture file ([`create_private`]), buffered as lrec writes captures.
@@ -132,6 +118,7 @@ mod tests {
 
     #[test]
     fn captures_are_private_even_when_overwritten() {
+        use std::os::unix::fs::PermissionsExt;
         let dir = std::env::temp_dir().join(format!("lrec-private-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("old.lrec");

@@ -15,11 +15,16 @@ pub fn state_name(vmstate: i32) -> &'static str {
     }
 }
 
+/// The frame shown on top of the Lua frames while the garbage collector runs.
+pub const GC_FRAME: &str = "[GC]";
+/// The frame shown on top of the Lua frames while the JIT compiler runs.
+pub const JIT_COMPILER_FRAME: &str = "[JIT compiler]";
+
 /// The frame shown on top of the Lua frames in states that run no Lua code.
 pub fn state_frame(vmstate: i32) -> Option<&'static str> {
     match vmstate {
-        -3 => Some("[GC]"),
-        -7..=-5 => Some("[JIT compiler]"),
+        -3 => Some(GC_FRAME),
+        -7..=-5 => Some(JIT_COMPILER_FRAME),
         _ => None,
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
 
-use super::{flamegraph, folded_stacks, top_functions, StackOptions};
+use super::{flamegraph, top_functions, write_folded, StackOptions};
 use crate::Profile;
 
 /// One function's shares of samples before and after, in percent.
@@ -108,10 +108,9 @@ pub fn diff_folded_lines(
     opts: StackOptions,
 ) -> io::Result<Vec<String>> {
     let render = |p: &Profile| -> Vec<u8> {
-        folded_stacks(p, opts)
-            .into_iter()
-            .flat_map(|(stack, count)| format!("{stack} {count}\n").into_bytes())
-            .collect()
+        let mut text = Vec::new();
+        write_folded(p, opts, &mut text).expect("writes to memory");
+        text
     };
     let mut diffed = Vec::new();
     let options = inferno::differential::Options {

@@ -174,14 +174,10 @@ impl Categories {
 
     /// The category of a VM state's frame label.
     fn of_state(&self, label: &str) -> Option<CategoryPairHandle> {
-        const GC: i32 = -3;
-        const JIT_COMPILER: i32 = -5;
-        if Some(label) == luajit::state_frame(GC) {
-            Some(self.gc)
-        } else if Some(label) == luajit::state_frame(JIT_COMPILER) {
-            Some(self.jit_compiler)
-        } else {
-            None
+        match label {
+            luajit::GC_FRAME => Some(self.gc),
+            luajit::JIT_COMPILER_FRAME => Some(self.jit_compiler),
+            _ => None,
         }
     }
 }
@@ -384,7 +380,6 @@ impl StaticSchemaMarker for WarningMarker {
     }
 }
 
-/// The recorded command line, as the flame graph's title names it.
 #[cfg(test)]
 mod tests {
     use super::*;

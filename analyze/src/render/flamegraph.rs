@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{folded_stacks, StackOptions};
+use super::{folded_lines, StackOptions};
 use crate::Profile;
 
 /// Writes an interactive SVG flame graph.
@@ -11,10 +11,7 @@ pub fn write_flamegraph(
     opts: StackOptions,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    let lines: Vec<String> = folded_stacks(profile, opts)
-        .into_iter()
-        .map(|(stack, count)| format!("{stack} {count}"))
-        .collect();
+    let lines = folded_lines(profile, opts);
     let h = &profile.header;
     let title = match h.frequency_hz {
         0 => super::command(profile),

@@ -60,10 +60,18 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
     stacks
 }
 
+/// The `stack COUNT` lines, sorted.
+pub fn folded_lines(profile: &Profile, opts: StackOptions) -> Vec<String> {
+    folded_stacks(profile, opts)
+        .into_iter()
+        .map(|(stack, count)| format!("{stack} {count}"))
+        .collect()
+}
+
 /// Writes `stack COUNT` lines.
 pub fn write_folded(profile: &Profile, opts: StackOptions, out: &mut dyn Write) -> io::Result<()> {
-    for (stack, count) in folded_stacks(profile, opts) {
-        writeln!(out, "{stack} {count}")?;
+    for line in folded_lines(profile, opts) {
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }

@@ -10,10 +10,10 @@
 
 use std::io::{self, Write};
 
-use rustc_hash::FxHashMap;
 use serde::Serialize;
 
 use super::TRUNCATED_FRAME;
+use crate::analysis::Interner;
 use crate::{FrameKind, Profile, ProfileSample};
 
 /// The `$schema` every speedscope file names.
@@ -36,7 +36,7 @@ struct Shared<'a> {
     frames: Vec<FrameEntry<'a>>,
 }
 
-#[derive(Serialize, PartialEq, Eq, Hash)]
+#[derive(Serialize, Clone, PartialEq, Eq, Hash)]
 struct FrameEntry<'a> {
     name: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -128,13 +128,14 @@ struct FrameIndex {
 
 /// speedscope's frames: one per distinct (name, file, line), plus the `[truncated]` root.
 fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
-    let mut table = FrameTable::default();
+    let mut table: Interner<FrameEntry> = Interner::default();
     let of_frame = profile
         .frames
         .iter()
-        .map(|f| {
-            table.intern(FrameEntry {
-                name: f.display_name(profile.naming),
+        .zip(profile.display_names())
+        .map(|(f, name)| {
+            table.id(FrameEntry {
+                name,
                 file: f.module.as_deref(),
                 // Where the Lua function is defined (0: unknown).
                 line: f
@@ -144,7 +145,7 @@ fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
             })
         })
         .collect();
-    let truncated = table.intern(FrameEntry {
+    let truncated = table.id(FrameEntry {
         name: TRUNCATED_FRAME.to_owned(),
         file: None,
         line: None,
@@ -153,30 +154,9 @@ fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
         of_frame,
         truncated,
     };
-    (table.frames, index)
+    (table.list, index)
 }
 
-#[derive(Default)]
-struct FrameTable<'a> {
-    frames: Vec<FrameEntry<'a>>,
-    seen: FxHashMap<FrameEntry<'a>, u32>,
-}
-
-impl<'a> FrameTable<'a> {
-    fn intern(&mut self, entry: FrameEntry<'a>) -> u32 {
-        let frames = &mut self.frames;
-        *self.seen.entry(entry).or_insert_with_key(|e| {
-            frames.push(FrameEntry {
-                name: e.name.clone(),
-                file: e.file,
-                line: e.line,
-            });
-            frames.len() as u32 - 1
-        })
-    }
-}
-
-/// The recorded command line, as the flame graph's title names it.
 #[cfg(test)]
 mod tests {
     use super::*;
