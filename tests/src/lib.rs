@@ -290,24 +290,67 @@ pub fn native_truth() -> Truth {
     )
 }
 
-/// Lost samples and sample count of a capture, read with the format crate.
-pub fn capture_totals(path: &Path) -> (u64, u64, Vec<String>) {
+/// What a capture holds, read with the format crate.
+#[derive(Debug)]
+pub struct Contents {
+    pub samples: u64,
+    pub lost: u64,
+    /// Times of the first and last sample (`u64::MAX` and 0 without samples).
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// The end record's reason.
+    pub end: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+impl Contents {
+    /// Seconds from the first sample to the last.
+    pub fn secs(&self) -> f64 {
+        (self.last_ns - self.first_ns) as f64 / 1e9
+    }
+}
+
+pub fn contents(path: &Path) -> Contents {
     let cap = lrec_format::Capture::open(path).expect("capture opens");
     let (records, warnings) = cap.read_all();
-    let mut samples = 0;
-    let mut lost = 0;
-    for r in &records {
+    let mut c = Contents {
+        samples: 0,
+        lost: 0,
+        first_ns: u64::MAX,
+        last_ns: 0,
+        end: None,
+        warnings: warnings.iter().map(|w| w.to_string()).collect(),
+    };
+    for r in records {
         match r {
-            lrec_format::Record::Sample(_) => samples += 1,
-            lrec_format::Record::Lost(l) => lost += l.count,
+            lrec_format::Record::Sample(s) => {
+                c.samples += 1;
+                c.first_ns = c.first_ns.min(s.time_ns);
+                c.last_ns = c.last_ns.max(s.time_ns);
+            }
+            lrec_format::Record::Lost(l) => c.lost += l.count,
+            lrec_format::Record::End(e) => c.end = Some(e.reason),
             _ => {}
         }
     }
-    (
-        samples,
-        lost,
-        warnings.iter().map(|w| w.to_string()).collect(),
-    )
+    c
+}
+
+/// Lost samples and sample count of a capture, read with the format crate.
+pub fn capture_totals(path: &Path) -> (u64, u64, Vec<String>) {
+    let c = contents(path);
+    (c.samples, c.lost, c.warnings)
+}
+
+/// `lanalyze ARGS…`: its standard output.
+pub fn lanalyze(args: &[&std::ffi::OsStr]) -> Vec<u8> {
+    run(Command::new(bin("lanalyze")).args(args)).stdout
+}
+
+/// A file's permission bits.
+pub fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 /// A fresh directory under the system temp dir.

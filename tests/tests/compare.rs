@@ -2,21 +2,16 @@
 //! function's share; `--strip` removes a secret the target held on its stack and changes
 //! no stack; `--time` slices.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use lrec_e2e::*;
 
 /// The secret fixtures/workloads/share.c keeps on its stack.
 const SECRET: &[u8] = b"LREC-SECRET-4f1d9a7c-do-not-share";
 
-fn lanalyze(args: &[&std::ffi::OsStr]) -> String {
-    String::from_utf8(lanalyze_bytes(args)).unwrap()
-}
-
-fn lanalyze_bytes(args: &[&std::ffi::OsStr]) -> Vec<u8> {
-    run(Command::new(bin("lanalyze")).args(args)).stdout
+/// `lanalyze ARGS…`'s output, as text.
+fn lanalyze_text(args: &[&std::ffi::OsStr]) -> String {
+    String::from_utf8(lanalyze(args)).unwrap()
 }
 
 /// `share SECONDS HOT_PERCENT` recorded at 999 Hz (thousands of samples: the share of a
@@ -55,7 +50,7 @@ fn diff_top_measures_the_change_of_share() {
     let (before, after) = (dir.join("before.lrec"), dir.join("after.lrec"));
     record_share(&before, "6", "30");
     record_share(&after, "6", "60");
-    let top = lanalyze(&[
+    let top = lanalyze_text(&[
         "--diff".as_ref(),
         before.as_ref(),
         after.as_ref(),
@@ -77,7 +72,7 @@ fn diff_top_measures_the_change_of_share() {
         "hot moved from 30 % to 60 % of the CPU time, the diff says {delta:+.2} points"
     );
     let svg = dir.join("diff.svg");
-    lanalyze(&[
+    lanalyze_text(&[
         "--diff".as_ref(),
         before.as_ref(),
         after.as_ref(),
@@ -106,10 +101,9 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
          {in_file} times in the file as stored"
     );
     assert!(in_chunks > 0, "the workload's secret was never recorded");
-    let raw_mode = std::fs::metadata(&raw).unwrap().permissions().mode() & 0o777;
-    eprintln!("raw capture mode {raw_mode:o}");
+    eprintln!("raw capture mode {:o}", mode(&raw));
 
-    lanalyze(&[
+    lanalyze_text(&[
         raw.as_ref(),
         "--strip".as_ref(),
         "-o".as_ref(),
@@ -120,8 +114,11 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
         (0, 0),
         "the stripped capture holds the secret"
     );
-    let mode = std::fs::metadata(&shared).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o600, "a stripped capture is private to its owner");
+    assert_eq!(
+        mode(&shared),
+        0o600,
+        "a stripped capture is private to its owner"
+    );
     eprintln!(
         "raw {} bytes, stripped {} bytes",
         std::fs::metadata(&raw).unwrap().len(),
@@ -141,7 +138,7 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
         let of = |cap: &Path| {
             let mut a: Vec<&std::ffi::OsStr> = vec![cap.as_ref()];
             a.extend(args.iter().map(std::ffi::OsStr::new));
-            lanalyze_bytes(&a)
+            lanalyze(&a)
         };
         let (a, b) = (of(&raw), of(&shared));
         assert!(!a.is_empty());
@@ -152,11 +149,11 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
     }
 
     // --time keeps the samples of its window: about a second of a 2 s run.
-    let all: u64 = parse_folded(&lanalyze(&[shared.as_ref(), "--folded".as_ref()]))
+    let all: u64 = parse_folded(&lanalyze_text(&[shared.as_ref(), "--folded".as_ref()]))
         .iter()
         .map(|s| s.1)
         .sum();
-    let window: u64 = parse_folded(&lanalyze(&[
+    let window: u64 = parse_folded(&lanalyze_text(&[
         shared.as_ref(),
         "--folded".as_ref(),
         "--time".as_ref(),

@@ -7,15 +7,14 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use lrec_e2e::*;
 use regex::Regex;
 
 /// The samples in traces that their snapshot mapped, and those it did not, from --info.
 fn jit_mapping(capture: &Path) -> (u64, u64) {
-    let out = run(Command::new(bin("lanalyze")).arg(capture).arg("--info"));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = lanalyze(&[capture.as_ref(), "--info".as_ref()]);
+    let text = String::from_utf8_lossy(&out);
     let re = Regex::new(r"in traces:\s+(\d+) mapped.*?, (\d+) not mapped").unwrap();
     let c = re
         .captures(&text)

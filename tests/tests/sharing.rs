@@ -7,46 +7,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lrec_e2e::*;
-use lrec_format::{Capture, Record};
-
-/// What a capture holds, read with the format crate.
-#[derive(Debug)]
-struct Contents {
-    samples: u64,
-    first_ns: u64,
-    last_ns: u64,
-    end: Option<String>,
-    warnings: Vec<String>,
-}
-
-impl Contents {
-    fn secs(&self) -> f64 {
-        (self.last_ns - self.first_ns) as f64 / 1e9
-    }
-}
-
-fn contents(path: &Path) -> Contents {
-    let (records, warnings) = Capture::open(path).expect("capture opens").read_all();
-    let mut c = Contents {
-        samples: 0,
-        first_ns: u64::MAX,
-        last_ns: 0,
-        end: None,
-        warnings: warnings.iter().map(|w| w.to_string()).collect(),
-    };
-    for r in records {
-        match r {
-            Record::Sample(s) => {
-                c.samples += 1;
-                c.first_ns = c.first_ns.min(s.time_ns);
-                c.last_ns = c.last_ns.max(s.time_ns);
-            }
-            Record::End(e) => c.end = Some(e.reason),
-            _ => {}
-        }
-    }
-    c
-}
 
 /// CLOCK_MONOTONIC, the clock of sample times.
 fn monotonic_ns() -> u64 {
@@ -57,10 +17,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: writes into a valid timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn mode(path: &Path) -> u32 {
-    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 /// `(VmHWM, VmRSS)` of a process in KiB: its peak and current resident memory.
