@@ -199,6 +199,14 @@ impl Profile {
             .collect()
     }
 
+    /// The index in [`Profile::threads`] of process `pid`'s main thread (tid = pid), if
+    /// it was sampled.
+    pub fn main_thread(&self, pid: u32) -> Option<usize> {
+        self.threads
+            .iter()
+            .position(|t| t.pid == pid && t.tid == pid)
+    }
+
     pub fn thread_name(&self, sample: &ProfileSample) -> &str {
         &self.threads[sample.thread].name
     }

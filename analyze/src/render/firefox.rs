@@ -198,9 +198,7 @@ fn add_threads(profile: &Profile, clock: &Clock, fx: &mut FxProfile) -> Vec<Thre
             let process = *processes.entry(t.pid).or_insert_with(|| {
                 let of_pid =
                     || (0..profile.threads.len()).filter(|&j| profile.threads[j].pid == t.pid);
-                let main = of_pid()
-                    .find(|&j| profile.threads[j].tid == t.pid)
-                    .unwrap_or(i);
+                let main = profile.main_thread(t.pid).unwrap_or(i);
                 let start = of_pid().map(|j| first_ns[j]).min().unwrap_or(u64::MAX);
                 fx.add_process(&profile.threads[main].name, t.pid, clock.at(start))
             });
@@ -216,9 +214,8 @@ fn add_threads(profile: &Profile, clock: &Clock, fx: &mut FxProfile) -> Vec<Thre
 fn main_thread(profile: &Profile) -> Option<usize> {
     let threads = &profile.threads;
     let target = profile.header.target_pid;
-    threads
-        .iter()
-        .position(|t| t.tid == target && t.pid == target)
+    profile
+        .main_thread(target)
         .or_else(|| threads.iter().position(|t| t.tid == t.pid))
         .or_else(|| (0..threads.len()).max_by_key(|&i| threads[i].samples))
 }

@@ -35,10 +35,8 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
         if opts.per_pid {
             let t = &profile.threads[thread];
             let name = profile
-                .threads
-                .iter()
-                .find(|p| p.pid == t.pid && p.tid == t.pid)
-                .unwrap_or(t);
+                .main_thread(t.pid)
+                .map_or(t, |i| &profile.threads[i]);
             process = sanitize(&format!("{} [{}]", name.name, t.pid));
             parts.push(&process);
         }
