@@ -82,26 +82,15 @@ fn sanitize(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Frame, FrameKind, ProfileSample, StackEnd, Thread};
+    use crate::{Frame, FrameKind, ProfileSample, Thread};
 
     fn frame(name: &str, kind: FrameKind) -> Frame {
         Frame::named(name, None, kind)
     }
 
     fn sample(thread: usize, frames: &[u32], truncated: bool) -> ProfileSample {
-        ProfileSample {
-            time_ns: 0,
-            pid: 1,
-            tid: 1 + thread as u32,
-            thread,
-            frames: frames.to_vec(),
-            end: if truncated {
-                StackEnd::Truncated
-            } else {
-                StackEnd::Complete
-            },
-            ..ProfileSample::default()
-        }
+        let ids = (1, 1 + thread as u32, thread);
+        crate::render::test_util::sample(ids, 0, frames, truncated)
     }
 
     fn profile() -> Profile {

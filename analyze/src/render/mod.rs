@@ -52,3 +52,32 @@ pub(crate) fn command(profile: &crate::Profile) -> String {
         words => words.join(" "),
     }
 }
+
+/// Builders of the renderers' test profiles.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::{ProfileSample, StackEnd};
+
+    /// A sample of thread index `thread` (`pid`, `tid`), root-first `frames`, truncated or
+    /// complete.
+    pub(crate) fn sample(
+        (pid, tid, thread): (u32, u32, usize),
+        time_ns: u64,
+        frames: &[u32],
+        truncated: bool,
+    ) -> ProfileSample {
+        ProfileSample {
+            time_ns,
+            pid,
+            tid,
+            thread,
+            frames: frames.to_vec(),
+            end: if truncated {
+                StackEnd::Truncated
+            } else {
+                StackEnd::Complete
+            },
+            ..ProfileSample::default()
+        }
+    }
+}

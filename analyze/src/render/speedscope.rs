@@ -160,7 +160,7 @@ fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Frame, LuaLines, Naming, StackEnd, Thread};
+    use crate::{Frame, LuaLines, Naming, Thread};
     use serde_json::{json, Value};
 
     fn lua(name: &str, first: u32, current: u32, jit: bool) -> Frame {
@@ -172,19 +172,8 @@ mod tests {
     }
 
     fn sample(thread: usize, time_ns: u64, frames: &[u32], truncated: bool) -> ProfileSample {
-        ProfileSample {
-            time_ns,
-            pid: 1,
-            tid: [1, 2][thread],
-            thread,
-            frames: frames.to_vec(),
-            end: if truncated {
-                StackEnd::Truncated
-            } else {
-                StackEnd::Complete
-            },
-            ..ProfileSample::default()
-        }
+        let ids = (1, [1, 2][thread], thread);
+        crate::render::test_util::sample(ids, time_ns, frames, truncated)
     }
 
     fn profile() -> Profile {

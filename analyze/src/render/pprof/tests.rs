@@ -5,7 +5,7 @@ use std::io::Read;
 
 use super::proto::decode::{fields, packed, Value};
 use super::*;
-use crate::{BinaryInfo, LuaLines, ProfileSample, StackEnd, Thread};
+use crate::{BinaryInfo, LuaLines, ProfileSample, Thread};
 
 /// A sample as `((labels, stack of locations leaf first), values)`.
 type Stack = ((String, Vec<String>), Vec<u64>);
@@ -177,19 +177,8 @@ fn lua(name: &str, first: u32, current: u32, jit: bool) -> Frame {
 }
 
 fn sample(thread: usize, time_ns: u64, frames: &[u32], truncated: bool) -> ProfileSample {
-    ProfileSample {
-        time_ns,
-        pid: 10,
-        tid: 10 + thread as u32,
-        thread,
-        frames: frames.to_vec(),
-        end: if truncated {
-            StackEnd::Truncated
-        } else {
-            StackEnd::Complete
-        },
-        ..ProfileSample::default()
-    }
+    let ids = (10, 10 + thread as u32, thread);
+    crate::render::test_util::sample(ids, time_ns, frames, truncated)
 }
 
 fn binary(path: &str, build_id: Option<Vec<u8>>) -> BinaryInfo {
