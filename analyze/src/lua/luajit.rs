@@ -33,8 +33,7 @@ pub fn state_frame(vmstate: i32) -> Option<&'static str> {
 /// function's instruction: a Lua frame (its link is the return PC, so only the low 2 bits
 /// are the type) or a continuation frame (a metamethod the VM called).
 pub fn called_by_lua(link: u8) -> bool {
-    let typep = link & 7;
-    typep & 3 == 0 || typep == 2
+    link & 3 == 0 || link & 7 == 2
 }
 
 /// The longest chunk label derived from source text, as LUA_IDSIZE bounds short_src.
@@ -92,5 +91,17 @@ mod tests {
         let b = vec![String::new(), String::new(), "assert".to_string()];
         assert_eq!(builtin_name(&b, 2), "assert");
         assert_eq!(builtin_name(&b, 9), "builtin#9");
+    }
+
+    #[test]
+    fn callers_by_link_type() {
+        // Lua frames (a return PC, low 2 bits clear), continuations (2), with the JIT bit.
+        for link in [0u8, 4, 0x80, 0x84, 2, 0x82] {
+            assert!(called_by_lua(link), "{link:#x}");
+        }
+        // C, vararg, C protected and pcall frames.
+        for link in [1u8, 3, 5, 6, 7, 0x81, 0x83] {
+            assert!(!called_by_lua(link), "{link:#x}");
+        }
     }
 }
