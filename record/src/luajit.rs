@@ -38,6 +38,24 @@ impl Layout {
     pub fn gc64(&self) -> bool {
         self.abi.gc64 != 0
     }
+
+    /// Bytes of a GCRef or MRef: 64 bits in GC64 builds, 32 bits otherwise.
+    pub fn ref_size(&self) -> u64 {
+        if self.gc64() {
+            8
+        } else {
+            4
+        }
+    }
+
+    /// Where a GC object's type byte (GCHeader.gct) lies in it.
+    pub fn gct_offset(&self) -> usize {
+        if self.gc64() {
+            9
+        } else {
+            5
+        }
+    }
 }
 
 const GC64: Layout = Layout {
@@ -210,7 +228,6 @@ pub fn find_trace_array(mem: &File, l: &Layout, g: u64, traceno: u32) -> Option<
     let mut block = vec![0u8; l.abi.g2disp as usize];
     mem.read_exact_at(&mut block, g).ok()?;
     let word = |at: usize| u64::from_le_bytes(block[at..at + 8].try_into().unwrap());
-    let refsize = if l.gc64() { 8 } else { 4 };
     (0..block.len().saturating_sub(16))
         .step_by(8)
         .find(|&at| {
@@ -219,13 +236,13 @@ pub fn find_trace_array(mem: &File, l: &Layout, g: u64, traceno: u32) -> Option<
             if array == 0 || array % 4 != 0 || u64::from(traceno) >= sizetrace {
                 return false;
             }
-            let Some(t) = read_ref(mem, l, array + u64::from(traceno) * refsize) else {
+            let Some(t) = read_ref(mem, l, array + u64::from(traceno) * l.ref_size()) else {
                 return false;
             };
             let mut hdr = [0u8; 128];
             t != 0
                 && mem.read_exact_at(&mut hdr, t).is_ok()
-                && hdr[if l.gc64() { 9 } else { 5 }] == 9 // ~LJ_TTRACE
+                && hdr[l.gct_offset()] == 9 // ~LJ_TTRACE
                 && u16::from_le_bytes(hdr[l.abi.tr_traceno as usize..][..2].try_into().unwrap())
                     == traceno as u16
         })
@@ -270,7 +287,7 @@ pub fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
 /// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
 pub fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
     let cf_l = l.abi.cf_l as usize;
-    let width = if l.gc64() { 8 } else { 4 };
+    let width = l.ref_size() as usize;
     let stack = &sample.user_stack;
     (0..stack.len().saturating_sub(cf_l + width))
         .step_by(16)
@@ -343,9 +360,8 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
         }
     };
     let k = read_ref(mem, l, pt + u64::from(l.pt_k))?;
-    let refsize: u64 = if l.gc64() { 8 } else { 4 };
     let kstr = |idx: u32| -> Option<String> {
-        let s = read_ref(mem, l, k.checked_sub((u64::from(idx) + 1) * refsize)?)?;
+        let s = read_ref(mem, l, k.checked_sub((u64::from(idx) + 1) * l.ref_size())?)?;
         let len = read_u32(mem, s + u64::from(l.abi.str_len))? as usize;
         if len > 256 {
             return None;
