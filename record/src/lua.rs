@@ -65,18 +65,21 @@ struct ProtoKey {
     name_id: u32,
 }
 
-impl ProtoKey {
-    fn of(pid: u32, f: &RawLuaFrame) -> ProtoKey {
+/// The key of a proto, from a frame that runs it ([`RawLuaFrame`]) or from BPF's copy of it
+/// ([`RawLuaProto`]): both carry the fields that tell a proto from another at its address,
+/// as BPF keys its copies (ebpf/luajit.h, lua_proto_key).
+macro_rules! proto_key {
+    ($pid:expr, $f:expr) => {
         ProtoKey {
-            pid,
-            ptr: f.ptr,
-            chunkname: f.chunkname,
-            firstline: f.firstline,
-            numline: f.numline,
-            sizebc: f.sizebc,
-            name_id: f.name_id,
+            pid: $pid,
+            ptr: $f.ptr,
+            chunkname: $f.chunkname,
+            firstline: $f.firstline,
+            numline: $f.numline,
+            sizebc: $f.sizebc,
+            name_id: $f.name_id,
         }
-    }
+    };
 }
 
 /// The Lua VMs of every recorded process.
@@ -164,15 +167,7 @@ impl LuaVms {
         let Some(p) = RawLuaProto::decode(bytes) else {
             return;
         };
-        let key = ProtoKey {
-            pid: p.tgid,
-            ptr: p.ptr,
-            chunkname: p.chunkname,
-            firstline: p.firstline,
-            numline: p.numline,
-            sizebc: p.sizebc,
-            name_id: p.name_id,
-        };
+        let key = proto_key!(p.tgid, p);
         if !self.protos.contains_key(&key) {
             self.copied.insert(key, p);
         }
@@ -272,7 +267,7 @@ impl LuaVms {
     /// and replaced at the same address differs in its chunk name, lines or size, and
     /// gets a new id; one that cannot be read gets `u32::MAX`.
     fn proto(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> u32 {
-        let key = ProtoKey::of(pid, f);
+        let key = proto_key!(pid, f);
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
@@ -296,7 +291,7 @@ impl LuaVms {
 
     /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
     fn puc_proto(&mut self, pid: u32, rel: &puc::Release, f: &RawLuaFrame) -> u32 {
-        let key = ProtoKey::of(pid, f);
+        let key = proto_key!(pid, f);
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
