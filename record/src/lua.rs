@@ -35,10 +35,26 @@ enum Detection {
         votes: Vec<u32>,
         tries: u32,
     },
-    Ready(usize),
+    /// LuaJIT: the layout (an index in [`LAYOUTS`]), and its VM's trace array.
+    Ready(usize, TraceArray),
     Failed,
     /// PUC Lua, whose layout follows from its release.
     Puc(puc::Release),
+}
+
+/// Where a LuaJIT VM's trace array lies from G, once found ([`luajit::find_trace_array`]),
+/// and the samples in traces that looked for it.
+#[derive(Default)]
+struct TraceArray {
+    offset: Option<u32>,
+    tries: u32,
+}
+
+impl TraceArray {
+    /// Whether it is still looked for, from the next sample in a trace.
+    fn searching(&self) -> bool {
+        self.offset.is_none() && self.tries < luajit::TRACE_TRIES
+    }
 }
 
 struct ProcessVm {
@@ -48,10 +64,6 @@ struct ProcessVm {
     code: Vec<VmCode>,
     detection: Detection,
     mem: Option<File>,
-    /// LuaJIT: where the trace array lies from G, once found ([`luajit::find_trace_array`]),
-    /// and the samples in traces that looked for it.
-    j_trace: Option<u32>,
-    trace_tries: u32,
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -105,25 +117,22 @@ impl LuaVms {
         if let Some((minor, patch)) = code.release {
             return self.add_puc(pid, path, code, minor, patch);
         }
-        let p = self.procs.entry(pid).or_insert_with(|| ProcessVm {
-            path: path.to_string(),
-            found: std::time::Instant::now(),
-            code: Vec::new(),
-            detection: Detection::Pending {
-                votes: vec![0; LAYOUTS.len()],
-                tries: 0,
-            },
-            mem: File::open(format!("/proc/{pid}/mem")).ok(),
-            j_trace: None,
-            trace_tries: 0,
+        let p = self.procs.entry(pid).or_insert_with(|| {
+            let votes = vec![0; LAYOUTS.len()];
+            ProcessVm::new(
+                pid,
+                path,
+                Vec::new(),
+                Detection::Pending { votes, tries: 0 },
+            )
         });
         if p.code.contains(&code) || p.code.len() >= MAX_LUA_RANGES {
             return;
         }
         p.code.push(code);
-        if let Detection::Ready(i) = p.detection {
+        if let Some(c) = p.config() {
             // A second copy of the VM (another library): the walker must know it too.
-            self.configs.push((pid, p.config(&LAYOUTS[i])));
+            self.configs.push((pid, c));
         }
     }
 
@@ -134,15 +143,8 @@ impl LuaVms {
             return;
         }
         let release = puc::release(minor, patch);
-        let p = ProcessVm {
-            path: path.to_string(),
-            found: std::time::Instant::now(),
-            code: vec![code],
-            detection: release.map_or(Detection::Failed, Detection::Puc),
-            mem: File::open(format!("/proc/{pid}/mem")).ok(),
-            j_trace: None,
-            trace_tries: 0,
-        };
+        let detection = release.map_or(Detection::Failed, Detection::Puc);
+        let p = ProcessVm::new(pid, path, vec![code], detection);
         let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
         match release {
             Some(rel) => {
@@ -180,7 +182,7 @@ impl LuaVms {
             let telling = match p.detection {
                 Detection::Pending { .. } => true,
                 // The trace array, looked for from the first samples in traces.
-                Detection::Ready(_) => p.j_trace.is_none() && p.trace_tries < luajit::TRACE_TRIES,
+                Detection::Ready(_, ref traces) => traces.searching(),
                 _ => false,
             };
             telling && p.found.elapsed() < std::time::Duration::from_secs(2)
@@ -212,9 +214,9 @@ impl LuaVms {
         }
         let walk = walk?;
         let frames = match p.detection {
-            Detection::Ready(layout) => {
+            Detection::Ready(layout, ref traces) => {
                 let layout = &LAYOUTS[layout];
-                if walk.header.vmstate > 0 && p.j_trace.is_none() {
+                if walk.header.vmstate > 0 && traces.searching() {
                     self.find_traces(sample.pid, layout, &walk);
                 }
                 walk.frames
@@ -325,25 +327,26 @@ impl LuaVms {
         id.unwrap_or(u32::MAX)
     }
 
-    /// Looks for a LuaJIT VM's trace array, from a sample in a trace: until it is found,
-    /// samples in traces keep their trace's base frame.
+    /// Looks for a LuaJIT VM's trace array, from a sample in a trace while it is
+    /// [searching](TraceArray::searching): until it is found, samples in traces keep their
+    /// trace's base frame.
     fn find_traces(&mut self, pid: u32, layout: &Layout, walk: &LuaWalk) {
         let Some(p) = self.procs.get_mut(&pid) else {
             return;
         };
-        if p.trace_tries >= luajit::TRACE_TRIES {
+        let Detection::Ready(_, traces) = &mut p.detection else {
             return;
-        }
-        p.trace_tries += 1;
+        };
+        traces.tries += 1;
         let traceno = walk.header.vmstate as u32;
         let found = p
             .mem
             .as_ref()
             .and_then(|m| luajit::find_trace_array(m, layout, walk.header.g, traceno));
         if let Some(off) = found {
-            p.j_trace = Some(off);
-            self.configs.push((pid, p.config(layout)));
-        } else if p.trace_tries == luajit::TRACE_TRIES {
+            traces.offset = Some(off);
+            self.configs.extend(p.config().map(|c| (pid, c)));
+        } else if traces.tries == luajit::TRACE_TRIES {
             self.messages.push(format!(
                 "pid {pid}: the LuaJIT VM's trace array was not found; samples in \
                  JIT-compiled code keep their trace's start frame, without inlined functions"
@@ -378,9 +381,9 @@ impl LuaVms {
         let decided = (votes[best] >= VOTES_NEEDED && votes[best] == total)
             || (votes[best] >= 20 * VOTES_NEEDED && votes[best] * 20 >= total * 19);
         if decided {
-            p.detection = Detection::Ready(best);
+            p.detection = Detection::Ready(best, TraceArray::default());
             let layout = &LAYOUTS[best];
-            self.configs.push((sample.pid, p.config(layout)));
+            self.configs.extend(p.config().map(|c| (sample.pid, c)));
             self.records.push(Record::LuaRuntime(luajit_runtime(
                 sample.pid,
                 p,
@@ -408,11 +411,24 @@ impl LuaVms {
 }
 
 impl ProcessVm {
-    /// The BPF walker's configuration of a LuaJIT VM of this layout.
-    fn config(&self, layout: &Layout) -> RawLuaConfig {
-        let mut c = luajit::config(layout, &self.code);
-        c.j_trace = self.j_trace.unwrap_or(0);
-        c
+    fn new(pid: u32, path: &str, code: Vec<VmCode>, detection: Detection) -> ProcessVm {
+        ProcessVm {
+            path: path.to_string(),
+            found: std::time::Instant::now(),
+            code,
+            detection,
+            mem: File::open(format!("/proc/{pid}/mem")).ok(),
+        }
+    }
+
+    /// The BPF walker's configuration, once the LuaJIT VM's layout is known.
+    fn config(&self) -> Option<RawLuaConfig> {
+        let Detection::Ready(layout, traces) = &self.detection else {
+            return None;
+        };
+        let mut c = luajit::config(&LAYOUTS[*layout], &self.code);
+        c.j_trace = traces.offset.unwrap_or(0);
+        Some(c)
     }
 }
 
