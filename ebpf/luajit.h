@@ -149,10 +149,27 @@ static __always_inline __u32 rd32(__u64 addr)
 	return v;
 }
 
-/* A GCRef or MRef: 64 bits in GC64 builds, 32 bits otherwise. */
+/* A GCRef or MRef is 64 bits in GC64 builds, 32 bits otherwise: its size, and one read. */
+static __always_inline __u32 lj_refsize(struct lua_work *w)
+{
+	return w->cfg.gc64 ? 8 : 4;
+}
+
 static __always_inline __u64 rdref(struct lua_work *w, __u64 addr)
 {
 	return w->cfg.gc64 ? rd64(addr) : rd32(addr);
+}
+
+/* A GCRef or MRef at offset o of bytes already copied (o bounded by the caller). */
+static __always_inline __u64 buf_ref(struct lua_work *w, __u8 *buf, __u32 o)
+{
+	return w->cfg.gc64 ? *(__u64 *)&buf[o] : *(__u32 *)&buf[o];
+}
+
+/* Where a GC object's type (GCHeader.gct) lies in it. */
+static __always_inline __u32 lj_gct(struct lua_work *w)
+{
+	return w->cfg.gc64 ? 9 : 5;
 }
 
 static __always_inline int in_vm(struct lua_work *w, __u64 ip)
@@ -347,7 +364,7 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[c->gc64 ? 9 : 5] != LJ_GCT_FUNC) {
+	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[lj_gct(w)] != LJ_GCT_FUNC) {
 		w->flags |= LREC_LUA_BROKEN;
 		return 1;
 	}
@@ -362,7 +379,7 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	f->sizebc = 0;
 	f->name_id = 0;
 	if (f->ffid == 0) {
-		__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
+		__u64 bc = buf_ref(w, fn, c->fn_pc & 63);
 		__u64 pt = bc - c->pt_size;
 		f->ptr = pt;
 		/* One read from sizebc to numline: the fields that tell protos apart. */
@@ -373,7 +390,7 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		}
 		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
 		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
-		f->chunkname = c->gc64 ? *(__u64 *)&w->pt[o_name] : *(__u32 *)&w->pt[o_name];
+		f->chunkname = buf_ref(w, w->pt, o_name);
 		f->firstline = *(__s32 *)&w->pt[o_line];
 		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
 		f->sizebc = *(__u32 *)&w->pt[0];

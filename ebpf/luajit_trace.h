@@ -186,10 +186,10 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	if (!c->j_trace)
 		goto unmapped;
 	__u64 traces = rd64(w->g + c->j_trace);
-	__u64 t = traces ? rdref(w, traces + (__u64)traceno * (c->gc64 ? 8 : 4)) : 0;
+	__u64 t = traces ? rdref(w, traces + (__u64)traceno * lj_refsize(w)) : 0;
 	if (!t || bpf_probe_read_user(w->tr, 128, (void *)t))
 		goto unmapped;
-	if (w->tr[c->gc64 ? 9 : 5] != LJ_GCT_TRACE || tr_u16(w, c->tr_traceno) != traceno)
+	if (w->tr[lj_gct(w)] != LJ_GCT_TRACE || tr_u16(w, c->tr_traceno) != traceno)
 		goto unmapped;
 	__u64 mcode = tr_u64(w, c->tr_mcode);
 	if (ip < mcode || ip - mcode >= tr_u32(w, c->tr_szmcode))
@@ -207,10 +207,11 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 		goto unmapped;
 	__u32 mapofs = *(__u32 *)&sn[0], nent = sn[10];
 	__u32 nsnapmap = tr_u32(w, c->tr_nsnapmap);
+	/* The slots, then the PC (GC64: in two entries), then GC32's frame links. */
 	__u32 need = nent + (c->gc64 ? 2 : 1);
 	if (mapofs >= nsnapmap || nsnapmap - mapofs < need)
 		goto unmapped;
-	__u32 len = nent + (c->gc64 ? 2 : 1 + 2 * LREC_JIT_FRAMES);
+	__u32 len = need + (c->gc64 ? 0 : 2 * LREC_JIT_FRAMES);
 	if (len > nsnapmap - mapofs)
 		len = nsnapmap - mapofs;
 	if (len >= LREC_JIT_MAP)
@@ -242,7 +243,7 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	__u8 *fn = w->fn;
 	if (bpf_probe_read_user(fn, 48, (void *)f0) || fn[c->fn_ffid & 63] != 0)
 		goto unmapped;
-	__u64 bc = c->gc64 ? *(__u64 *)&fn[c->fn_pc & 63] : *(__u32 *)&fn[c->fn_pc & 63];
+	__u64 bc = buf_ref(w, fn, c->fn_pc & 63);
 	if (w->pc <= bc || w->pc - bc > 4ULL * rd32(bc - c->pt_size + c->pt_sizebc))
 		goto unmapped;
 	w->flags |= LREC_LUA_JIT_MAPPED;
