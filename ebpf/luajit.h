@@ -419,6 +419,16 @@ emitted:
 	return 0;
 }
 
+/* The PC a frame's caller runs at, from the frame's link: the return PC for a Lua frame
+ * (its link), `cont` for a continuation frame (a metamethod the VM called keeps its
+ * caller's PC), else unknown (0). */
+static __always_inline __u64 lj_caller_pc(struct lua_work *w, __u64 link, __u64 cont)
+{
+	if ((link & 3) == LJ_FRAME_LUA)
+		return w->cfg.gc64 ? link : (__u32)link;
+	return (link & 7) == LJ_FRAME_CONT ? cont : 0;
+}
+
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */
 static long lua_step(__u64 i, void *unused)
 {
@@ -463,7 +473,7 @@ static long lua_step(__u64 i, void *unused)
 		w->cf_last = prev;
 	}
 	/* Dummy frames (lj_err_optype_call) and vararg pseudo-frames are no calls. */
-	if (func == w->l || (type != LJ_FRAME_LUA && typep == LJ_FRAME_VARG)) {
+	if (func == w->l || typep == LJ_FRAME_VARG) {
 		if (!delta)
 			return 1;
 		w->frame -= delta;
@@ -477,24 +487,23 @@ static long lua_step(__u64 i, void *unused)
 		return 1;
 	w->jit_link = 0;
 
+	if (type != LJ_FRAME_LUA && !delta)
+		return 1;
+	__u64 cont = 0;
+	if (typep == LJ_FRAME_CONT)
+		/* A metamethod called by the VM: the caller's PC is kept in the frame. */
+		cont = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
+	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
-		/* The caller runs at the return PC; the call's A operand sizes its frame (the
-		 * same call site again in a recursion: read once). */
-		__u64 pc = c->gc64 ? link : (__u32)link;
-		if (pc != w->last_call) {
-			w->last_call = pc;
-			w->last_a = (rd32(pc - 4) >> 8) & 0xff;
+		/* The call's A operand sizes the caller's frame (the same call site again in a
+		 * recursion: read once). */
+		if (w->pc != w->last_call) {
+			w->last_call = w->pc;
+			w->last_a = (rd32(w->pc - 4) >> 8) & 0xff;
 		}
-		w->pc = pc;
 		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
 		return 0;
 	}
-	if (!delta)
-		return 1;
-	w->pc = 0;
-	if (typep == LJ_FRAME_CONT)
-		/* A metamethod called by the VM: the caller's PC is kept in the frame. */
-		w->pc = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
 	if (typep == LJ_FRAME_C || typep == LJ_FRAME_CP) {
 		/* Called from C through lua_call/lua_pcall/lua_resume: the frames below run in
 		 * the previous C frame of the VM. */

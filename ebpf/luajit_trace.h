@@ -128,14 +128,13 @@ static long trace_frame(__u64 i, void *unused)
 	__u64 link = 0, contpc = 0;
 	if (w->cfg.gc64) {
 		if (!ir_k64(w, w->jf_link[k], &link) ||
-		    ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT &&
-		     !ir_k64(w, w->jf_cont[k], &contpc)))
+		    ((link & 7) == LJ_FRAME_CONT && !ir_k64(w, w->jf_cont[k], &contpc)))
 			func = 0;
 	} else {
 		__u32 fl = w->fl;
 		link = w->map[fl & (LREC_JIT_MAP - 1)];
 		w->fl = fl + 1;
-		if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_CONT) {
+		if ((link & 7) == LJ_FRAME_CONT) {
 			contpc = w->map[(fl + 1) & (LREC_JIT_MAP - 1)];
 			w->fl = fl + 2;
 		}
@@ -145,7 +144,7 @@ static long trace_frame(__u64 i, void *unused)
 		w->jit_bad = 1;
 		return 1;
 	}
-	if ((link & 3) != LJ_FRAME_LUA && (link & 7) == LJ_FRAME_VARG)
+	if ((link & 7) == LJ_FRAME_VARG)
 		return 0; /* a vararg function's pseudo-frame: the function's frame follows */
 	__u32 at = w->out;
 	if (lua_emit(w, func, (link & 7) | LREC_LUA_LINK_JIT)) {
@@ -161,12 +160,7 @@ static long trace_frame(__u64 i, void *unused)
 		w->jit_bad = 1;
 		return 1;
 	}
-	if ((link & 3) == LJ_FRAME_LUA)
-		w->pc = w->cfg.gc64 ? link : (__u32)link;
-	else if ((link & 7) == LJ_FRAME_CONT)
-		w->pc = contpc;
-	else
-		w->pc = 0;
+	w->pc = lj_caller_pc(w, link, contpc);
 	return 0;
 }
 
