@@ -273,17 +273,19 @@ static __always_inline int lua_parent(struct lua_work *w)
 	return 1;
 }
 
-/* The proto record to fill for frame f, or NULL when this proto was copied already. Both
- * VMs' walkers (here and puc.h) key protos alike. */
-static __always_inline struct lrec_lua_proto *lua_proto_begin(__u32 tgid,
+/* The proto record to fill for frame f, or NULL when this proto was copied already; k
+ * receives the proto's key for lua_proto_commit. Both VMs' walkers (here and puc.h) key
+ * protos alike. */
+static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_key *k,
+							      __u32 tgid,
 							      struct lrec_lua_frame *f)
 {
-	struct lua_proto_key k = {
+	*k = (struct lua_proto_key){
 		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
 		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
 		.name_id = f->name_id,
 	};
-	if (bpf_map_lookup_elem(&lua_protos_seen, &k))
+	if (bpf_map_lookup_elem(&lua_protos_seen, k))
 		return NULL;
 	__u32 zero = 0;
 	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
@@ -302,24 +304,20 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(__u32 tgid,
 	return p;
 }
 
-/* Sends a filled proto record and remembers it as copied. */
-static __always_inline void lua_proto_commit(struct lrec_lua_proto *p)
+/* Sends a filled proto record and remembers it (its key k) as copied. */
+static __always_inline void lua_proto_commit(struct lrec_lua_proto *p, struct lua_proto_key *k)
 {
 	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
 		return;
-	struct lua_proto_key k = {
-		.tgid = p->tgid, .firstline = p->firstline, .ptr = p->ptr,
-		.chunkname = p->chunkname, .numline = p->numline, .sizebc = p->sizebc,
-		.name_id = p->name_id,
-	};
 	__u32 one = 1;
-	bpf_map_update_elem(&lua_protos_seen, &k, &one, BPF_ANY);
+	bpf_map_update_elem(&lua_protos_seen, k, &one, BPF_ANY);
 }
 
 /* Copies a proto's chunk name and line table out the first time a sample runs it. */
 static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_frame *f)
 {
-	struct lrec_lua_proto *p = lua_proto_begin(w->tgid, f);
+	struct lua_proto_key k;
+	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, f);
 	if (!p)
 		return;
 	__u32 len = rd32(f->chunkname + w->cfg.str_len);
@@ -338,7 +336,7 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	if (n && li &&
 	    !bpf_probe_read_user(p->lineinfo, n & (2 * LREC_LUA_LINEINFO - 1), (void *)li))
 		p->lineinfo_len = n;
-	lua_proto_commit(p);
+	lua_proto_commit(p, &k);
 }
 
 /* Emits a frame running func, called through a link of FRAME_* type `link` (with

@@ -326,7 +326,8 @@ static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, _
 static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_frame *f)
 {
 	struct lrec_puc_config *c = &w->cfg;
-	struct lrec_lua_proto *p = lua_proto_begin(w->tgid, f);
+	struct lua_proto_key k;
+	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, f);
 	if (!p)
 		return;
 	__u32 len = 0;
@@ -363,7 +364,7 @@ static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_f
 						    (void *)li))
 			p->lineinfo_len = n;
 	}
-	lua_proto_commit(p);
+	lua_proto_commit(p, &k);
 }
 
 /* Whether 5.1's luaV_execute began at the Lua frame emitted last, now that its caller
