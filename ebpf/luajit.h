@@ -44,6 +44,16 @@ struct {
 	__type(value, __u64);
 } lua_thread_vm SEC(".maps");
 
+/* A trace's snapshot (lj_jit.h SnapShot): where its map begins, the mcode offset it
+ * covers from, and its map's entries. */
+struct lj_snapshot {
+	__u32 mapofs;
+	__u16 ref;
+	__u16 mcofs;
+	__u8 nslots, topslot, nent, count;
+};
+_Static_assert(sizeof(struct lj_snapshot) == 12, "SnapShot is 12 bytes");
+
 /* The walk's state: too big for the 512-byte BPF stack, and shared with bpf_loop
  * callbacks. */
 struct lua_work {
@@ -79,6 +89,7 @@ struct lua_work {
 	__u16 jn;           /* frames inlined into the trace at this snapshot */
 	__u32 lo, hi;       /* binary search over the snapshots' mcode offsets */
 	__u64 ofs;          /* the sampled instruction's offset in the trace's mcode */
+	struct lj_snapshot snap; /* the last snapshot searched that begins at or before ofs */
 	__u64 tr_ir, tr_snap;
 	__u32 fl;           /* GC32: the next frame link in the snapshot map */
 	__u32 prev_e, prev2_e; /* the two snapshot entries before the one scanned */

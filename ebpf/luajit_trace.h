@@ -61,19 +61,24 @@ static __always_inline int ir_k64(struct lua_work *w, __u32 ref, __u64 *v)
 }
 
 /* One step of the rightmost binary search for the snapshot covering w->ofs, as
- * lj_trace_unwind does: snapshot i covers mcode from its mcofs to the next one's. */
+ * lj_trace_unwind does: snapshot i covers mcode from its mcofs to the next one's. The
+ * snapshot found, lo - 1, is the last one read that begins at or before w->ofs: it is kept
+ * in w->snap, and w->jit_bad tells whether it could not be read (read as zeros). */
 static long trace_search(__u64 i, void *unused)
 {
 	struct lua_work *w = lua_work();
 	if (!w || w->lo >= w->hi)
 		return 1;
 	__u32 mid = (w->lo + w->hi) >> 1;
-	__u16 mcofs = 0;
-	bpf_probe_read_user(&mcofs, sizeof(mcofs), (void *)(w->tr_snap + (__u64)mid * 12 + 6));
-	if (w->ofs < mcofs)
+	struct lj_snapshot sn;
+	long err = bpf_probe_read_user(&sn, sizeof(sn), (void *)(w->tr_snap + (__u64)mid * 12));
+	if (w->ofs < sn.mcofs) {
 		w->hi = mid;
-	else
+	} else {
 		w->lo = mid + 1;
+		w->snap = sn;
+		w->jit_bad = err != 0;
+	}
 	return 0;
 }
 
@@ -194,12 +199,9 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	w->lo = 0;
 	w->hi = tr_u16(w, c->tr_nsnap);
 	bpf_loop(17, trace_search, NULL, 0);
-	if (!w->lo)
+	if (!w->lo || w->jit_bad)
 		goto unmapped;
-	__u8 sn[12];
-	if (bpf_probe_read_user(sn, sizeof(sn), (void *)(w->tr_snap + (__u64)(w->lo - 1) * 12)))
-		goto unmapped;
-	__u32 mapofs = *(__u32 *)&sn[0], nent = sn[10];
+	__u32 mapofs = w->snap.mapofs, nent = w->snap.nent;
 	__u32 nsnapmap = tr_u32(w, c->tr_nsnapmap);
 	/* The slots, then the PC (GC64: in two entries), then GC32's frame links. */
 	__u32 need = nent + (c->gc64 ? 2 : 1);
