@@ -92,7 +92,6 @@ struct lua_work {
 	struct lj_snapshot snap; /* the last snapshot searched that begins at or before ofs */
 	__u64 tr_ir, tr_snap;
 	__u32 fl;           /* GC32: the next frame link in the snapshot map */
-	__u32 prev_e, prev2_e; /* the two snapshot entries before the one scanned */
 	__u16 func0_ref;
 	__u16 jf_func[LREC_JIT_FRAMES]; /* IR refs of each inlined frame's function, */
 	__u16 jf_link[LREC_JIT_FRAMES]; /* its link (GC64), */

@@ -97,7 +97,9 @@ static long trace_entry(__u64 i, void *unused)
 	__u32 slot = e >> 24;
 	__u16 ref = e & 0xffff;
 	if (e & LJ_SNAP_FRAME) {
-		__u32 p = w->prev_e, j = w->jn & (LREC_JIT_FRAMES - 1);
+		/* The entry before this one (~0: none). */
+		__u32 p = i > 0 ? w->map[(i - 1) & (LREC_JIT_MAP - 1)] : ~0U;
+		__u32 j = w->jn & (LREC_JIT_FRAMES - 1);
 		if (w->cfg.gc64 && slot == 1) {
 			if (p >> 24 == 0)
 				w->func0_ref = p & 0xffff;
@@ -109,7 +111,7 @@ static long trace_entry(__u64 i, void *unused)
 		} else if (w->cfg.gc64) {
 			w->jf_func[j] = p & 0xffff;
 			w->jf_link[j] = ref;
-			__u32 q = w->prev2_e;
+			__u32 q = i > 1 ? w->map[(i - 2) & (LREC_JIT_MAP - 1)] : ~0U;
 			w->jf_cont[j] = (q >> 24 == slot - 2 && (q & LJ_SNAP_CONT)) ? q & 0xffff : 0;
 			w->jn++;
 		} else {
@@ -117,8 +119,6 @@ static long trace_entry(__u64 i, void *unused)
 			w->jn++;
 		}
 	}
-	w->prev2_e = w->prev_e;
-	w->prev_e = e;
 	return 0;
 }
 
@@ -180,8 +180,6 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	w->jit_bad = 0;
 	w->jn = 0;
 	w->func0_ref = 0;
-	w->prev_e = ~0U;
-	w->prev2_e = ~0U;
 	if (!c->j_trace)
 		goto unmapped;
 	__u64 traces = rd64(w->g + c->j_trace);
