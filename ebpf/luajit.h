@@ -349,15 +349,20 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	lua_proto_commit(p, &k);
 }
 
+/* What lua_emit emitted. */
+#define LUA_EMIT_PC 0     /* a Lua function's frame, at its current position */
+#define LUA_EMIT_NO_PC 1  /* a Lua function's frame whose PC does not lie in it */
+#define LUA_EMIT_NATIVE 2 /* a C or fast function's frame */
+#define LUA_EMIT_FAILED 3 /* nothing: the function could not be read */
+
 /* Emits a frame running func, called through a link of FRAME_* type `link` (with
- * LREC_LUA_LINK_JIT when it runs compiled code), its current position from w->pc.
- * Returns 1 when the function cannot be read. */
+ * LREC_LUA_LINK_JIT when it runs compiled code), its current position from w->pc. */
 static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 {
 	struct lrec_lua_config *c = &w->cfg;
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
 	if (!b)
-		return 1;
+		return LUA_EMIT_FAILED;
 	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
 	if (w->n > 0 && func == w->last_func) {
 		/* Recursion: the function of the frame above again; its proto fields too. */
@@ -366,21 +371,17 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		__builtin_memcpy(f, prev, sizeof(*f));
 		f->cframe = w->cf;
 		f->link = link;
-		f->pos = ~0U;
-		if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc <= 4ULL * f->sizebc)
-			f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
 	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[lj_gct(w)] != LJ_GCT_FUNC) {
 		w->flags |= LREC_LUA_BROKEN;
-		return 1;
+		return LUA_EMIT_FAILED;
 	}
 	f->func = func;
 	f->cframe = w->cf;
 	f->ffid = fn[c->fn_ffid & 63];
 	f->link = link;
-	f->pos = ~0U;
 	f->chunkname = 0;
 	f->firstline = 0;
 	f->numline = 0;
@@ -394,7 +395,7 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
 		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc))) {
 			w->flags |= LREC_LUA_BROKEN;
-			return 1;
+			return LUA_EMIT_FAILED;
 		}
 		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
 		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
@@ -410,8 +411,6 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 			w->last_name_id = (__u32)id ^ (__u32)(id >> 32);
 		}
 		f->name_id = w->last_name_id;
-		if (w->pc > bc && w->pc - bc <= 4ULL * f->sizebc)
-			f->pos = (__u32)((w->pc - bc) / 4) - 1;
 		/* Recursion repeats one proto: note it once. */
 		if (pt != w->last_pt)
 			lua_note_proto(w, f);
@@ -422,9 +421,16 @@ static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	}
 	w->last_func = func;
 emitted:
+	/* The position of the PC in a Lua function's bytecode (w->last_bc), when it lies
+	 * there. */
+	f->pos = ~0U;
+	if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc <= 4ULL * f->sizebc)
+		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
-	return 0;
+	if (f->ffid)
+		return LUA_EMIT_NATIVE;
+	return f->pos == ~0U ? LUA_EMIT_NO_PC : LUA_EMIT_PC;
 }
 
 /* The PC a frame's caller runs at, from the frame's link: the return PC for a Lua frame
@@ -491,7 +497,7 @@ static long lua_step(__u64 i, void *unused)
 		func = w->func0;
 		w->func0 = 0;
 	}
-	if (lua_emit(w, func, typep | w->jit_link))
+	if (lua_emit(w, func, typep | w->jit_link) == LUA_EMIT_FAILED)
 		return 1;
 	w->jit_link = 0;
 

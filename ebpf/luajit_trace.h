@@ -151,17 +151,10 @@ static long trace_frame(__u64 i, void *unused)
 	}
 	if ((link & 7) == LJ_FRAME_VARG)
 		return 0; /* a vararg function's pseudo-frame: the function's frame follows */
-	__u32 at = w->out;
-	if (lua_emit(w, func, (link & 7) | LREC_LUA_LINK_JIT)) {
-		w->jit_bad = 1;
-		return 1;
-	}
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b)
-		return 1;
-	struct lrec_lua_frame *f = (void *)&b->data[at & (LREC_DATA_SIZE - 1)];
-	if (f->ffid == 0 && f->pos == ~0U) {
-		/* The PC is not in the function: the snapshot does not describe this state. */
+	int emitted = lua_emit(w, func, (link & 7) | LREC_LUA_LINK_JIT);
+	if (emitted == LUA_EMIT_FAILED || emitted == LUA_EMIT_NO_PC) {
+		/* Unreadable, or the PC is not in the function: the snapshot does not describe
+		 * this state. */
 		w->jit_bad = 1;
 		return 1;
 	}
