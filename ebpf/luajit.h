@@ -82,9 +82,9 @@ struct lua_work {
 	__u32 last_name_id;
 	__u32 pad2;
 	/* In a trace (lua_trace): the start frame's function when the trace tail-called
-	 * (0: the one on the stack), and the link bits of the next frame walked. */
+	 * (0: the one on the stack), and whether the next frame walked is the start frame. */
 	__u64 func0;
-	__u8 jit_link;
+	__u8 jit_start;
 	__u8 jit_bad;       /* the snapshot could not be read or is inconsistent */
 	__u16 jn;           /* frames inlined into the trace at this snapshot */
 	__u32 lo, hi;       /* binary search over the snapshots' mcode offsets */
@@ -443,6 +443,20 @@ static __always_inline __u64 lj_caller_pc(struct lua_work *w, __u64 link, __u64 
 	return (link & 7) == LJ_FRAME_CONT ? cont : 0;
 }
 
+/* A sample in a trace that cannot be mapped keeps the trace's start frame only, from the
+ * stack and without a PC: drops the frames emitted so far (all since the walk began) and
+ * flags the sample. */
+static __always_inline void lua_unmapped(struct lua_work *w)
+{
+	w->out -= w->n * sizeof(struct lrec_lua_frame);
+	w->n = 0;
+	w->pc = 0;
+	w->func0 = 0;
+	w->last_pt = 0;
+	w->last_func = 0;
+	w->flags = (w->flags & ~LREC_LUA_JIT_MAPPED) | LREC_LUA_JIT_UNMAPPED;
+}
+
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */
 static long lua_step(__u64 i, void *unused)
 {
@@ -493,13 +507,29 @@ static long lua_step(__u64 i, void *unused)
 		w->frame -= delta;
 		return 0;
 	}
-	if (w->func0) {
-		func = w->func0;
-		w->func0 = 0;
+	__u8 lk = typep;
+	__u64 f = func;
+	int start = w->jit_start;
+	if (start) {
+		/* A trace's start frame: compiled code, running the function the trace
+		 * tail-called if it did. */
+		w->jit_start = 0;
+		lk |= LREC_LUA_LINK_JIT;
+		if (w->func0)
+			f = w->func0;
 	}
-	if (lua_emit(w, func, typep | w->jit_link) == LUA_EMIT_FAILED)
+	__u32 flags = w->flags;
+	int emitted = lua_emit(w, f, lk);
+	if (start && (flags & LREC_LUA_JIT_MAPPED) && emitted != LUA_EMIT_PC) {
+		/* A mapped trace's snapshot leaves the start frame's PC in its Lua function,
+		 * else the snapshot is not this state (the trace returned below its start
+		 * frame): unmapped after all, the frame from the stack. */
+		w->flags = flags;
+		lua_unmapped(w);
+		emitted = lua_emit(w, func, lk);
+	}
+	if (emitted == LUA_EMIT_FAILED)
 		return 1;
-	w->jit_link = 0;
 
 	if (type != LJ_FRAME_LUA && !delta)
 		return 1;
@@ -567,8 +597,6 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	 * L->base and the C frame's saved PC once the VM called C. */
 	__s32 vmstate = (__s32)rd32(w->g + w->cfg.g_vmstate);
 	__u64 base, pc;
-	w->func0 = 0;
-	w->jit_link = 0;
 	if (vmstate >= 0) {
 		base = rdref(w, w->g + w->cfg.g_jit_base);
 		pc = 0;
@@ -590,11 +618,10 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	__u64 l0 = w->l, cf0 = w->cf;
 	lua_start(w, w->l, stack, base, pc);
 	w->out = offset + sizeof(struct lrec_lua_stack);
-	if (trace) {
-		/* The functions inlined into the trace, then its start frame. */
-		lua_trace(w, r->ip, vmstate, base);
-		w->jit_link = LREC_LUA_LINK_JIT;
-	}
+	w->jit_start = trace;
+	if (trace)
+		/* The functions inlined into the trace; the walk goes on from its start frame. */
+		lua_trace(w, r->ip, vmstate);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)
 		w->flags |= LREC_LUA_TRUNCATED;

@@ -164,15 +164,16 @@ static long trace_frame(__u64 i, void *unused)
 
 /* A sample in trace `traceno`: emits the frames of the functions inlined into the trace
  * at the snapshot covering ip, innermost first, and leaves w->pc at the PC of the
- * trace's start frame (at `base`, jit_base), whose walk follows. A sample that cannot be
- * mapped keeps the start frame only, without a PC, and is flagged. */
-static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno, __u64 base)
+ * trace's start frame (at jit_base), whose walk follows (lua_step checks that the PC lies
+ * in its function). A sample that cannot be mapped keeps the start frame only, without a
+ * PC, and is flagged. */
+static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno)
 {
 	struct lrec_lua_config *c = &w->cfg;
-	__u32 out0 = w->out;
 	w->jit_bad = 0;
 	w->jn = 0;
 	w->func0_ref = 0;
+	w->func0 = 0;
 	if (!c->j_trace)
 		goto unmapped;
 	__u64 traces = rd64(w->g + c->j_trace);
@@ -219,30 +220,12 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	bpf_loop(w->jn, trace_frame, NULL, 0);
 	if (w->jit_bad)
 		goto unmapped;
-	w->func0 = 0;
 	if (w->func0_ref && !(w->func0 = ir_kfunc(w, w->func0_ref)))
-		goto unmapped;
-	/* The start frame's PC must lie in its function, else the snapshot is not this
-	 * state (the trace returned below its start frame). */
-	__u64 f0 = w->func0;
-	if (!f0)
-		f0 = c->gc64 ? rd64(base - 16) & LJ_GCVMASK : rd32(base - 8);
-	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 48, (void *)f0) || fn[c->fn_ffid & 63] != 0)
-		goto unmapped;
-	__u64 bc = buf_ref(w, fn, c->fn_pc & 63);
-	if (w->pc <= bc || w->pc - bc > 4ULL * rd32(bc - c->pt_size + c->pt_sizebc))
 		goto unmapped;
 	w->flags |= LREC_LUA_JIT_MAPPED;
 	return;
 unmapped:
-	w->out = out0;
-	w->n = 0;
-	w->pc = 0;
-	w->func0 = 0;
-	w->last_pt = 0;
-	w->last_func = 0;
-	w->flags |= LREC_LUA_JIT_UNMAPPED;
+	lua_unmapped(w);
 }
 
 #endif
