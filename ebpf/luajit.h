@@ -356,9 +356,14 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 #define LUA_EMIT_FAILED 3 /* nothing: the function could not be read */
 
 /* Emits a frame running func, called through a link of FRAME_* type `link` (with
- * LREC_LUA_LINK_JIT when it runs compiled code), its current position from w->pc. */
-static __always_inline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
+ * LREC_LUA_LINK_JIT when it runs compiled code), its current position from w->pc.
+ * A global function, called from three places (lua_step twice, trace_frame): the
+ * verifier checks it once, on its own, which loads the program faster than inlined
+ * copies (a global function's pointer argument may be NULL for the verifier). */
+__noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 {
+	if (!w)
+		return LUA_EMIT_FAILED;
 	struct lrec_lua_config *c = &w->cfg;
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
 	if (!b)
