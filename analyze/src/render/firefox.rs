@@ -400,14 +400,7 @@ mod tests {
 
     fn sample(thread: usize, time_ns: u64, frames: &[u32]) -> ProfileSample {
         let (pid, tid) = [(1, 1), (1, 2), (5, 6)][thread];
-        ProfileSample {
-            time_ns,
-            pid,
-            tid,
-            thread,
-            frames: frames.to_vec(),
-            ..ProfileSample::default()
-        }
+        crate::render::test_util::sample((pid, tid, thread), time_ns, frames, false)
     }
 
     fn thread(pid: u32, tid: u32, name: &str, samples: u64) -> Thread {
