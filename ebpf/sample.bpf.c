@@ -73,6 +73,9 @@ struct thread_struct___lrec {
 struct task_struct___lrec {
 	int pid;
 	int tgid;
+	unsigned int __state;
+	int exit_state;
+	int on_cpu;
 	struct mm_struct___lrec *mm;
 	struct thread_struct___lrec thread;
 } __attribute__((preserve_access_index));
@@ -146,16 +149,61 @@ static void count_lost(void)
 		*n += 1;
 }
 
-SEC("perf_event")
-int sample(struct bpf_perf_event_data *ctx)
+/* The user registers of the current task saved on entry to the kernel, or 0. */
+static __always_inline int task_user_regs(struct pt_regs *r)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	/* Per-CPU events see every process: keep the targets' threads only. */
-	__u32 tgid = id >> 32;
-	if (!bpf_map_lookup_elem(&targets, &tgid))
-		return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct pt_regs *ur = (struct pt_regs *)bpf_task_pt_regs(task);
+	return ur && !bpf_probe_read_kernel(r, sizeof(*r), ur);
+}
 
-	__u32 cpu = bpf_get_smp_processor_id();
+/* Completes the record in b (its header up to the kernel stack filled by the caller)
+ * with registers r, the user stack and the Lua stack of the current thread, and hands it
+ * to the ring buffer. */
+static __always_inline void emit(struct sample_buf *b, struct pt_regs *r, __u32 cpu)
+{
+	struct lrec_sample *s = &b->s;
+	if (s->flags & LREC_NO_USER_REGS)
+		__builtin_memset(r, 0, sizeof(*r));
+	s->regs = (struct lrec_regs){
+		.ip = r->rip, .sp = r->rsp, .bp = r->rbp, .ax = r->rax, .bx = r->rbx,
+		.cx = r->rcx, .dx = r->rdx, .si = r->rsi, .di = r->rdi, .r8 = r->r8, .r9 = r->r9,
+		.r10 = r->r10, .r11 = r->r11, .r12 = r->r12, .r13 = r->r13, .r14 = r->r14,
+		.r15 = r->r15, .flags = r->eflags,
+	};
+
+	/* Copy the user stack page by page, stopping at the first fault. Copying stops at
+	 * the stack's end or after stack_size bytes; the PUC walker checks that a Lua state
+	 * runs on this stack against the same end. */
+	__u64 end = stack_end(s->regs.sp);
+	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu, .limit = stack_size };
+	if (end - s->regs.sp < stack_size)
+		c.limit = end - s->regs.sp;
+	if (!(s->flags & LREC_NO_USER_REGS) && c.sp)
+		bpf_loop(LREC_MAX_STACK / LREC_PAGE_SIZE + 1, copy_page, &c, 0);
+	if (c.faulted)
+		s->flags |= LREC_STACK_FAULTED;
+	s->stack_len = c.copied;
+
+	/* The Lua stack, when this process runs a Lua VM (LuaJIT or PUC) lrec has identified. */
+	s->lua_offset = (c.copied + 7) & ~7U;
+	s->lua_len = 0;
+	if (!(s->flags & LREC_NO_USER_REGS))
+		s->lua_len = lua_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
+	if (!(s->flags & LREC_NO_USER_REGS) && !s->lua_len)
+		s->lua_len = puc_stack(b, &s->regs, end, s->pid, s->tid, cpu, s->lua_offset);
+	__u32 data_len = s->lua_len ? s->lua_offset + s->lua_len : c.copied;
+	__u64 size = sizeof(struct lrec_sample) + (data_len & (LREC_DATA_SIZE - 1));
+	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes
+			      ? BPF_RB_FORCE_WAKEUP
+			      : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&samples, b, size, flags))
+		count_lost();
+}
+
+/* The scratch record of this CPU with its header begun for the current thread. */
+static __always_inline struct sample_buf *begin(__u64 id, __u32 cpu, __u32 kind)
+{
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
 	if (!b)
 		return 0;
@@ -166,14 +214,33 @@ int sample(struct bpf_perf_event_data *ctx)
 	s->cpu = cpu;
 	s->flags = 0;
 	s->kstack_len = 0;
+	s->kind = kind;
+	s->off_state = 0;
+	s->off_start = 0;
+	s->off_ns = 0;
+	return b;
+}
+
+SEC("perf_event")
+int sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	/* Per-CPU events see every process: keep the targets' threads only. */
+	__u32 tgid = id >> 32;
+	if (!bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct sample_buf *b = begin(id, cpu, LREC_KIND_CPU);
+	if (!b)
+		return 0;
+	struct lrec_sample *s = &b->s;
 
 	/* In kernel mode ctx->regs are kernel registers: take the user ones saved on entry. */
 	struct pt_regs r;
 	if ((__s64)ctx->regs.rip < 0) {
 		s->flags |= LREC_KERNEL_MODE;
-		struct task_struct *task = bpf_get_current_task_btf();
-		struct pt_regs *ur = (struct pt_regs *)bpf_task_pt_regs(task);
-		if (!ur || bpf_probe_read_kernel(&r, sizeof(r), ur))
+		if (!task_user_regs(&r))
 			s->flags |= LREC_NO_USER_REGS;
 		long n = bpf_get_stack(ctx, s->kstack, sizeof(s->kstack), 0);
 		if (n > 0)
@@ -199,44 +266,11 @@ int sample(struct bpf_perf_event_data *ctx)
 		r.r15 = ctx->regs.r15;
 		r.eflags = ctx->regs.eflags;
 	}
-	if (s->flags & LREC_NO_USER_REGS)
-		__builtin_memset(&r, 0, sizeof(r));
-	s->regs = (struct lrec_regs){
-		.ip = r.rip, .sp = r.rsp, .bp = r.rbp, .ax = r.rax, .bx = r.rbx, .cx = r.rcx,
-		.dx = r.rdx, .si = r.rsi, .di = r.rdi, .r8 = r.r8, .r9 = r.r9, .r10 = r.r10,
-		.r11 = r.r11, .r12 = r.r12, .r13 = r.r13, .r14 = r.r14, .r15 = r.r15,
-		.flags = r.eflags,
-	};
-
-	/* Copy the user stack page by page, stopping at the first fault. */
-	/* Copying stops at the stack's end or after stack_size bytes; the PUC walker checks
-	 * that a Lua state runs on this stack against the same end. */
-	__u64 end = stack_end(s->regs.sp);
-	struct copy_ctx c = { .sp = s->regs.sp, .cpu = cpu, .limit = stack_size };
-	if (end - s->regs.sp < stack_size)
-		c.limit = end - s->regs.sp;
-	if (!(s->flags & LREC_NO_USER_REGS) && c.sp)
-		bpf_loop(LREC_MAX_STACK / LREC_PAGE_SIZE + 1, copy_page, &c, 0);
-	if (c.faulted)
-		s->flags |= LREC_STACK_FAULTED;
-	s->stack_len = c.copied;
-
-	/* The Lua stack, when this process runs a Lua VM (LuaJIT or PUC) lrec has identified. */
-	s->lua_offset = (c.copied + 7) & ~7U;
-	s->lua_len = 0;
-	if (!(s->flags & LREC_NO_USER_REGS))
-		s->lua_len = lua_stack(b, &s->regs, s->pid, s->tid, cpu, s->lua_offset);
-	if (!(s->flags & LREC_NO_USER_REGS) && !s->lua_len)
-		s->lua_len = puc_stack(b, &s->regs, end, s->pid, s->tid, cpu, s->lua_offset);
-	__u32 data_len = s->lua_len ? s->lua_offset + s->lua_len : c.copied;
-	__u64 size = sizeof(struct lrec_sample) + (data_len & (LREC_DATA_SIZE - 1));
-	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes
-			      ? BPF_RB_FORCE_WAKEUP
-			      : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&samples, b, size, flags))
-		count_lost();
+	emit(b, &r, cpu);
 	return 0;
 }
+
+#include "offcpu.h"
 
 /* A target forked a process: record it from its first instruction on. (Here, not in a
  * file of its own, because it shares the targets map with the sampler.) */

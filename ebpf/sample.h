@@ -14,6 +14,10 @@
 #define LREC_STACK_FAULTED 2 /* the stack copy stopped at a fault before stack_size */
 #define LREC_NO_USER_REGS 4  /* user registers unavailable */
 
+/* lrec_sample.kind */
+#define LREC_KIND_CPU 0     /* a cpu-clock sample */
+#define LREC_KIND_OFF_CPU 1 /* a blocked interval: registers and stacks at switch-out */
+
 struct lrec_regs {
 	__u64 ip, sp, bp, ax, bx, cx, dx, si, di;
 	__u64 r8, r9, r10, r11, r12, r13, r14, r15, flags;
@@ -32,8 +36,48 @@ struct lrec_sample {
 	__u32 lua_offset; /* bytes after this header */
 	__u32 lua_len;
 	struct lrec_regs regs;
+	__u32 kind;       /* LREC_KIND_* */
+	__u32 off_state;  /* off-CPU: the task's __state at switch-out */
+	__u64 off_start;  /* off-CPU: switched out at (CLOCK_MONOTONIC ns) */
+	__u64 off_ns;     /* off-CPU: how long it was off CPU (the intervals of one system
+			   * call add up) */
 	__u64 kstack[LREC_MAX_KSTACK];
 	/* stack_len bytes of user stack follow, then the Lua stack */
+};
+
+/* ---- Off-CPU and thread states ------------------------------------------------------ */
+
+/* What lrec keeps per recorded thread (in the thread_totals map, by tid): the intervals
+ * off CPU that were counted rather than recorded with a stack. */
+struct lrec_thread_totals {
+	__u32 pid;
+	__u32 pad;
+	__u64 short_count; /* blocked for less than off_cpu_min */
+	__u64 short_ns;
+	__u64 runnable_count; /* preempted: waiting for a CPU, not blocked */
+	__u64 runnable_ns;
+	__u64 unpaired_count; /* blocked, but its stack could not be taken (the thread ran
+			       * user code before lrec saw it again) */
+	__u64 unpaired_ns;
+};
+
+/* One thread as the task iterator saw it (written with bpf_seq_write), followed by
+ * kstack_len kernel return addresses. */
+struct lrec_thread_state {
+	__u64 time_ns;
+	__u32 pid;
+	__u32 tid;
+	__u32 state;       /* task->__state */
+	__u32 exit_state;  /* task->exit_state */
+	__u32 on_cpu;      /* running on a CPU now */
+	__s32 syscall;     /* the system call it is in, -1 for none (needs sys_enter) */
+	__u64 syscall_ns;  /* in it since (CLOCK_MONOTONIC ns) */
+	__u64 off_since;   /* off CPU since (0: on a CPU or unknown) */
+	__u64 user_ip;     /* saved user registers: valid while it is in the kernel */
+	__u64 user_sp;
+	__u32 kstack_len;
+	__u32 pad;
+	/* kstack_len __u64 follow */
 };
 
 /* ---- LuaJIT ------------------------------------------------------------------------ */

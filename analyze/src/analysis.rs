@@ -6,8 +6,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use lrec_format::{
-    kind, kind_bit, lua_flags, lua_frame_kind, sample_flags, Capture, LuaStack, Mapping, Record,
-    RecordRef, SampleRef, LUA_LINK_JIT,
+    kind, kind_bit, lua_flags, lua_frame_kind, sample_flags, task_state_letter, Capture, LuaStack,
+    Mapping, Record, RecordRef, SampleRef, LUA_LINK_JIT,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -16,7 +16,7 @@ use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::Image;
 use crate::lua::{self, luajit, Merged};
 use crate::metadata::{read_metadata, BinaryKey, Metadata};
-use crate::profile::{Profile, Warning};
+use crate::profile::{Mode, OffCpu, Profile, SampleKind, ThreadState, Warning};
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
 use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache, VmHint};
 use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
@@ -76,6 +76,8 @@ pub(crate) struct UnwoundSample {
     /// In a LuaJIT trace: whether its snapshot gave the inlined frames (`Some(true)`) or
     /// the sample could not be mapped (`Some(false)`).
     pub(crate) jit_mapped: Option<bool>,
+    /// A CPU sample, time off CPU or a thread's state.
+    pub(crate) kind: SampleKind,
 }
 
 /// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
@@ -122,6 +124,9 @@ pub fn run(
 ) -> Result<Profile, AnalyzeError> {
     let mut meta = read_metadata(capture);
     if crate::strip::is_stripped(&meta) {
+        if opts.mode != Mode::Cpu {
+            return Err(AnalyzeError::StrippedCpuOnly);
+        }
         return Ok(crate::strip::read_stripped(&mut meta, opts));
     }
     let kernel = KernelSymbolizer::new(std::mem::take(&mut meta.kernel_symbols));
@@ -151,31 +156,56 @@ pub fn run(
         .map(|(pid, ms)| (pid, build_process_maps(ms, &images, &image_of, page_size)))
         .collect();
 
-    let unwound: Vec<UnwoundChunk> = capture
+    let (cpu, off) = match opts.mode {
+        Mode::Cpu => (true, false),
+        Mode::OffCpu => (false, true),
+        Mode::Wall => (true, true),
+        Mode::States => (false, false),
+    };
+    let wanted = (if cpu { kind_bit(kind::SAMPLE) } else { 0 })
+        | (if off { kind_bit(kind::OFF_CPU) } else { 0 });
+    let mut unwound: Vec<UnwoundChunk> = capture
         .chunks()
         .par_iter()
-        .filter(|chunk| chunk.kinds & kind_bit(kind::SAMPLE) != 0)
+        .filter(|chunk| chunk.kinds & wanted != 0)
         .map_init(UnwindCache::new, |cache, chunk| {
             let mut frames = ChunkFrames::default();
             let mut samples = Vec::new();
             // A sample's Lua stack comes just before it.
             let mut lua_stack: Option<LuaStack> = None;
+            let mut unwind = |s: SampleRef, when: u64, kind: SampleKind, lua: Option<LuaStack>| {
+                let lua = lua.filter(|l| l.tid == s.tid && l.time_ns == s.time_ns);
+                if opts.keeps(header.monotonic_start_ns, s.pid, s.tid, when) {
+                    let maps = maps.get(&s.pid);
+                    let lua = lua.as_ref().map(|l| (l, &meta));
+                    let mut u = unwind_sample(s, maps, lua, cache, &mut frames);
+                    u.kind = kind;
+                    samples.push(u);
+                }
+            };
             capture.visit_chunk(
                 chunk,
-                |k| k == kind::SAMPLE || k == kind::LUA_STACK,
+                |k| k == kind::SAMPLE || k == kind::OFF_CPU || k == kind::LUA_STACK,
                 |r| match r {
                     RecordRef::Other(Record::LuaStack(l)) => lua_stack = Some(l),
-                    RecordRef::Sample(s) => {
-                        let lua = lua_stack
-                            .take()
-                            .filter(|l| l.tid == s.tid && l.time_ns == s.time_ns);
-                        if opts.keeps(header.monotonic_start_ns, s.pid, s.tid, s.time_ns) {
-                            let maps = maps.get(&s.pid);
-                            let lua = lua.as_ref().map(|l| (l, &meta));
-                            samples.push(unwind_sample(s, maps, lua, cache, &mut frames));
-                        }
+                    RecordRef::Sample(s) if cpu => {
+                        let when = s.time_ns;
+                        unwind(s, when, SampleKind::Cpu, lua_stack.take())
                     }
-                    RecordRef::Other(_) => {}
+                    RecordRef::OffCpu(o) if off => {
+                        let interval = OffCpu {
+                            start_ns: o.start_ns,
+                            duration_ns: o.duration_ns,
+                            state: task_state_letter(o.state, 0),
+                        };
+                        unwind(
+                            o.sample,
+                            o.start_ns,
+                            SampleKind::OffCpu(interval),
+                            lua_stack.take(),
+                        )
+                    }
+                    _ => lua_stack = None,
                 },
             );
             UnwoundChunk {
@@ -184,6 +214,12 @@ pub fn run(
             }
         })
         .collect();
+    if off {
+        unwound.push(unstacked_off_cpu(&meta, opts, &mut warnings));
+    }
+    if opts.mode == Mode::States {
+        unwound.push(state_samples(&meta, &maps, opts));
+    }
 
     // Symbolization and assembly work per distinct address, not per frame of each sample.
     let distinct = distinct_frames(&unwound);
@@ -192,6 +228,132 @@ pub fn run(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     ))
 }
+
+/// Time off CPU that lrec counted per thread without a stack, as samples without frames
+/// (their leaf marks what they are). Not time-resolved: left out of a `--time` window.
+fn unstacked_off_cpu(
+    meta: &Metadata,
+    opts: &Options,
+    warnings: &mut WarningCounter,
+) -> UnwoundChunk {
+    let mut samples = Vec::new();
+    let Some(totals) = &meta.off_cpu_totals else {
+        return UnwoundChunk {
+            frames: Vec::new(),
+            samples,
+        };
+    };
+    if opts.time.is_some() {
+        warnings.add(
+            "off-CPU time counted without stacks (short blocks, waits for a CPU) is not \
+             time-stamped: left out of the --time window"
+                .into(),
+        );
+    }
+    let end = meta.end.as_ref().map_or(0, |e| e.time_ns);
+    for t in totals
+        .threads
+        .iter()
+        .filter(|t| opts.keeps(0, t.pid, t.tid, 0) && opts.time.is_none())
+    {
+        for (ns, state) in [
+            (t.short_ns, SHORT_OFF_CPU),
+            (t.runnable_ns, 'R'),
+            (t.unpaired_ns, UNPAIRED_OFF_CPU),
+        ] {
+            if ns > 0 {
+                samples.push(UnwoundSample {
+                    time_ns: end,
+                    pid: t.pid,
+                    tid: t.tid,
+                    user: Vec::new(),
+                    kernel: Vec::new(),
+                    end: StackEnd::Complete,
+                    kernel_mode: false,
+                    no_mappings: false,
+                    without_unwind_info: Vec::new(),
+                    vm_state: None,
+                    jit_mapped: None,
+                    kind: SampleKind::OffCpu(OffCpu {
+                        start_ns: end,
+                        duration_ns: ns,
+                        state,
+                    }),
+                });
+            }
+        }
+    }
+    UnwoundChunk {
+        frames: Vec::new(),
+        samples,
+    }
+}
+
+/// Each thread of each thread-state sample, as a sample whose frames are its user code's
+/// location (while it is in the kernel) and its kernel stack.
+fn state_samples(
+    meta: &Metadata,
+    maps: &HashMap<u32, ProcessMaps>,
+    opts: &Options,
+) -> UnwoundChunk {
+    let start = meta.header.as_ref().map_or(0, |h| h.monotonic_start_ns);
+    let mut frames = ChunkFrames::default();
+    let mut samples = Vec::new();
+    for snapshot in &meta.thread_states {
+        for t in &snapshot.threads {
+            if !opts.keeps(start, t.pid, t.tid, snapshot.time_ns) {
+                continue;
+            }
+            let state = task_state_letter(t.state, t.exit_state);
+            // While a thread runs user code its saved registers are stale.
+            let in_kernel = !(t.on_cpu && t.syscall.is_none());
+            let space = maps.get(&t.pid).and_then(|m| m.at(snapshot.time_ns));
+            let user = match space {
+                Some(space) if in_kernel && t.user_ip != 0 => {
+                    let address = CodeAddress {
+                        avma: t.user_ip,
+                        is_return: false,
+                        region: space.region_index(t.user_ip),
+                        sp: 0,
+                        vm_work: false,
+                    };
+                    vec![frames.id(locate(space, &address))]
+                }
+                _ => Vec::new(),
+            };
+            samples.push(UnwoundSample {
+                time_ns: snapshot.time_ns,
+                pid: t.pid,
+                tid: t.tid,
+                user,
+                kernel: t.kernel_stack.clone(),
+                end: StackEnd::Complete,
+                kernel_mode: !t.kernel_stack.is_empty(),
+                no_mappings: false,
+                without_unwind_info: Vec::new(),
+                vm_state: None,
+                jit_mapped: None,
+                kind: SampleKind::State(ThreadState {
+                    state,
+                    on_cpu: t.on_cpu,
+                    syscall: t.syscall,
+                    syscall_ns: t
+                        .syscall
+                        .map(|_| snapshot.time_ns.saturating_sub(t.syscall_since_ns)),
+                }),
+            });
+        }
+    }
+    UnwoundChunk {
+        frames: frames.list,
+        samples,
+    }
+}
+
+/// [`OffCpu::state`] of blocked time counted because it was shorter than the minimum.
+pub(crate) const SHORT_OFF_CPU: char = '<';
+/// [`OffCpu::state`] of blocked time whose stack lrec could not take.
+pub(crate) const UNPAIRED_OFF_CPU: char = '?';
 
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
 /// scheduling), with each chunk's local frame indices mapped to indices into `user`.
@@ -334,6 +496,7 @@ fn unwind_sample(
         no_mappings: false,
         without_unwind_info: Vec::new(),
         vm_state: lua.map(|(l, _)| l.vmstate),
+        kind: SampleKind::Cpu,
         jit_mapped: lua.and_then(|(l, _)| {
             if l.flags & lua_flags::JIT_MAPPED != 0 {
                 Some(true)

@@ -1,20 +1,21 @@
 //! The last stage of the analysis: each distinct frame named once, each sample turned
 //! into frame ids, and the counters, warnings and binary facts of the [`Profile`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
 use crate::analysis::{
     DistinctFrames, Interner, Names, UnwoundChunk, UserFrame, WarningCounter, WithoutUnwindInfo,
+    SHORT_OFF_CPU, UNPAIRED_OFF_CPU,
 };
 use crate::image::{basename, Image};
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
     BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
-    Stats, Thread,
+    SampleKind, Stats, Thread,
 };
 use crate::symbolize::KernelSymbolizer;
 use crate::unwind::StackEnd;
@@ -46,6 +47,19 @@ pub(crate) fn assemble(
         .iter()
         .map(|&(addr, leaf)| ((addr, leaf), frames.id(kernel_frame(addr, leaf, kernel))))
         .collect();
+    let min_ns = meta.off_cpu_totals.as_ref().map_or(0, |t| t.min_ns);
+    let wait_ids: FxHashMap<char, FrameId> = unwound
+        .iter()
+        .flat_map(|c| c.samples.iter())
+        .filter_map(|s| match s.kind {
+            SampleKind::OffCpu(o) => Some(o),
+            _ => None,
+        })
+        .map(|o| o.state)
+        .collect::<BTreeSet<char>>()
+        .into_iter()
+        .map(|state| (state, frames.id(wait_frame(state, min_ns))))
+        .collect();
     let mut samples: Vec<ProfileSample> = unwound
         .par_iter()
         .zip(distinct.remap.par_iter())
@@ -58,6 +72,9 @@ pub(crate) fn assemble(
             for (i, &addr) in s.kernel.iter().enumerate().rev() {
                 ids.push(kernel_ids[&(addr, i == 0)]);
             }
+            if let SampleKind::OffCpu(o) = s.kind {
+                ids.push(wait_ids[&o.state]);
+            }
             ProfileSample {
                 time_ns: s.time_ns,
                 pid: s.pid,
@@ -68,6 +85,7 @@ pub(crate) fn assemble(
                 kernel_mode: s.kernel_mode,
                 vm_state: s.vm_state,
                 jit_mapped: s.jit_mapped,
+                kind: s.kind,
             }
         })
         .collect();
@@ -152,6 +170,7 @@ pub(crate) fn assemble(
         stats,
         warnings: warnings.into_sorted(),
         naming: Naming::default(),
+        mode: Default::default(),
     }
 }
 
@@ -223,6 +242,25 @@ fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
         None,
         FrameKind::Kernel,
     )
+}
+
+/// The leaf that marks time off CPU in `state` (a `ps` letter, or what lrec counted
+/// without a stack).
+pub(crate) fn wait_frame(state: char, min_ns: u64) -> Frame {
+    let name = match state {
+        'S' => "[sleeping]".to_string(),
+        'D' => "[disk sleep]".to_string(),
+        'I' => "[idle]".to_string(),
+        'T' | 't' => "[stopped]".to_string(),
+        'R' => "[runnable: waiting for a CPU]".to_string(),
+        SHORT_OFF_CPU => format!(
+            "[off-CPU < {}, not recorded]",
+            crate::render::format_duration(min_ns)
+        ),
+        UNPAIRED_OFF_CPU => "[off-CPU, stack not taken]".to_string(),
+        other => format!("[off-CPU: {other}]"),
+    };
+    Frame::named(name, None, FrameKind::Wait)
 }
 
 /// The frames (outermost first) for one located user address.

@@ -20,13 +20,14 @@ pub mod render;
 pub mod strip;
 mod symbolize;
 mod symbols;
+mod syscalls;
 mod unwind;
 
 use lrec_format::{Binary, Capture};
 
 pub use profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
-    StackEnd, Stats, Thread, Warning,
+    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Mode, Naming, OffCpu, Profile,
+    ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Warning,
 };
 
 /// What [`analyze`] should do.
@@ -42,6 +43,8 @@ pub struct Options {
     pub time: Option<TimeRange>,
     /// How renderers name frames (set on the returned [`Profile`]).
     pub naming: Naming,
+    /// CPU samples, time off CPU, or both.
+    pub mode: Mode,
 }
 
 impl Options {
@@ -108,6 +111,11 @@ impl std::str::FromStr for TimeRange {
 pub enum AnalyzeError {
     #[error("the capture was recorded on {arch}; lanalyze can only unwind x86_64 captures")]
     UnsupportedArch { arch: String },
+    #[error(
+        "a stripped capture keeps CPU samples only; --off-cpu, --wall and --states need \
+             the capture lrec wrote"
+    )]
+    StrippedCpuOnly,
 }
 
 /// What a [`BinaryLocator`] is asked to find.
@@ -154,6 +162,7 @@ pub fn analyze_with(
 ) -> Result<Profile, AnalyzeError> {
     let mut profile = analysis::run(capture, opts, locator)?;
     profile.naming = opts.naming;
+    profile.mode = opts.mode;
     Ok(profile)
 }
 

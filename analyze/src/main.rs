@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use lanalyze::render::{self, StackOptions};
-use lanalyze::{analyze, strip, Naming, Options, Profile, TimeRange};
+use lanalyze::render::{self, StackOptions, StateKey};
+use lanalyze::{analyze, strip, Mode, Naming, Options, Profile, TimeRange};
 use lrec_format::{Capture, FormatError};
 
 const EXAMPLES: &str = "\
@@ -24,6 +24,14 @@ EXAMPLES:
     lanalyze --diff before.lrec after.lrec --top 20        what changed, by share of samples
     lanalyze --diff before.lrec after.lrec --flamegraph -o diff.svg
     lanalyze out.lrec --strip -o shared.lrec   a capture without stack memory, to share
+
+  Captures of `lrec --off-cpu` and `lrec --states`:
+    lanalyze out.lrec --off-cpu --flamegraph -o off.svg   where threads block, by time blocked
+    lanalyze out.lrec --wall --flamegraph -o wall.svg     on and off CPU in one picture
+    lanalyze out.lrec --off-cpu --top 20                  blocked time (us) per function
+    lanalyze out.lrec --states                            average threads per state and call
+    lanalyze out.lrec --states --group-by comm,state,wchan
+    lanalyze out.lrec --states --csv > states.csv         one row per thread per sample
     lanalyze out.lrec --folded --offline       use only what the capture holds";
 
 /// Analyse an lrec capture: unwind, symbolize and render it.
@@ -66,6 +74,34 @@ struct Cli {
     /// output of lanalyze reads it.
     #[arg(long, group = "mode", requires = "output")]
     strip: bool,
+    /// Thread-state table (`lrec --states`): the average number of threads in each group
+    /// of --group-by (xtop's "average active threads") and their share of all samples.
+    #[arg(long, group = "mode")]
+    states: bool,
+    /// Columns to group --states by, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "state,syscall,wchan",
+        requires = "states",
+        value_name = "KEYS"
+    )]
+    group_by: Vec<StateKey>,
+    /// With --states: one CSV row per thread per thread-state sample (time_s, pid, tid,
+    /// comm, state, on_cpu, syscall, syscall_ms, wchan, leaf), for DuckDB or pandas.
+    #[arg(long, requires = "states")]
+    csv: bool,
+    /// Show time off CPU instead of CPU samples (`lrec --off-cpu`): every output
+    /// weighs stacks by the microseconds their threads spent blocked in them, with the
+    /// state as the leaf (`[sleeping]`, `[disk sleep]`), plus per thread the time lrec
+    /// counted without a stack (blocks shorter than `lrec --off-cpu-min`, waits for a CPU).
+    #[arg(long, conflicts_with_all = ["wall", "states"])]
+    off_cpu: bool,
+    /// Wall-clock time: CPU samples (a sampling period each) and time off CPU, in
+    /// microseconds, per thread: where a thread's whole time went, in one picture.
+    #[arg(long, conflicts_with = "states")]
+    wall: bool,
     /// Write to FILE instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -143,7 +179,19 @@ fn run(cli: Cli) -> Result<()> {
             lines: cli.lines,
             mark_jit: cli.mark_jit,
         },
+        mode: if cli.off_cpu {
+            Mode::OffCpu
+        } else if cli.wall {
+            Mode::Wall
+        } else if cli.states {
+            Mode::States
+        } else {
+            Mode::Cpu
+        },
     };
+    if cli.diff && opts.mode != Mode::Cpu {
+        bail!("--diff compares CPU samples");
+    }
     let profiles = cli
         .captures
         .iter()
@@ -184,6 +232,10 @@ fn run(cli: Cli) -> Result<()> {
             render::write_folded(profile, stack_opts, &mut out)
         } else if cli.flamegraph {
             render::write_flamegraph(profile, stack_opts, &mut out)
+        } else if cli.states && cli.csv {
+            render::write_states_csv(profile, &mut out)
+        } else if cli.states {
+            render::write_states(profile, &cli.group_by, &mut out)
         } else if let Some(n) = cli.top {
             render::write_top(profile, n, &mut out)
         } else if cli.pprof {

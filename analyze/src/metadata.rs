@@ -3,8 +3,9 @@
 use std::collections::HashMap;
 
 use lrec_format::{
-    kind, kind_bit, Binary, Capture, End, Header, LuaProto, LuaRuntime, Mapping, Process,
-    ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample, ResolvedSummary,
+    kind, kind_bit, Binary, Capture, End, Header, LuaProto, LuaRuntime, Mapping, OffCpuTotals,
+    Process, ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample, ResolvedSummary,
+    ThreadStates,
 };
 use rayon::prelude::*;
 
@@ -31,6 +32,10 @@ pub struct Metadata {
     pub resolved_frames: Vec<ResolvedFrame>,
     pub resolved_samples: Vec<ResolvedSample>,
     pub resolved_summary: Option<ResolvedSummary>,
+    /// `lrec --off-cpu`: time counted per thread without stacks.
+    pub off_cpu_totals: Option<OffCpuTotals>,
+    /// `lrec --states`: every thread's state, in capture order.
+    pub thread_states: Vec<ThreadStates>,
 }
 
 /// Decodes every chunk (in parallel) and keeps all records except samples.
@@ -40,7 +45,8 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
         .par_iter()
         .map(|chunk| {
             // Chunks of samples (and their Lua stacks) only need not be inflated here.
-            let samples = kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK);
+            let samples =
+                kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK) | kind_bit(kind::OFF_CPU);
             if chunk.kinds & !samples == 0 {
                 return (Vec::new(), Vec::new());
             }
@@ -48,7 +54,7 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
             // Samples are skipped undecoded here; the unwinding pass visits them.
             let warnings = capture.visit_chunk(
                 chunk,
-                |k| k != kind::SAMPLE && k != kind::LUA_STACK,
+                |k| k != kind::SAMPLE && k != kind::LUA_STACK && k != kind::OFF_CPU,
                 |r| {
                     if let RecordRef::Other(r) = r {
                         if !matches!(r, Record::Unknown { .. }) {
@@ -125,7 +131,12 @@ impl Metadata {
             }
             Record::ResolvedSample(r) => self.resolved_samples.push(r),
             Record::ResolvedSummary(r) => self.resolved_summary = Some(r),
-            Record::Sample(_) | Record::LuaStack(_) | Record::Unknown { .. } => {}
+            Record::OffCpuTotals(t) => self.off_cpu_totals = Some(t),
+            Record::ThreadStates(t) => self.thread_states.push(t),
+            Record::Sample(_)
+            | Record::OffCpu(_)
+            | Record::LuaStack(_)
+            | Record::Unknown { .. } => {}
         }
     }
 

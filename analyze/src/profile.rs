@@ -16,6 +16,9 @@ pub enum FrameKind {
     Kernel,
     /// A Lua function, a Lua VM's built-in function, or a VM state (`[GC]`).
     Lua,
+    /// Time off CPU, as the leaf of its stack: `[sleeping]`, `[disk sleep]`, or time
+    /// counted without a stack (`[off-CPU < 1ms]`, `[runnable]`).
+    Wait,
 }
 
 /// One distinct frame of the profile.
@@ -61,7 +64,7 @@ impl Frame {
     pub fn display_name(&self, naming: Naming) -> String {
         match self.kind {
             FrameKind::Kernel => format!("{}_[k]", self.function),
-            FrameKind::User | FrameKind::Inlined => self.function.clone(),
+            FrameKind::User | FrameKind::Inlined | FrameKind::Wait => self.function.clone(),
             FrameKind::Lua => {
                 let mut name = self.function.clone();
                 if let Some(l) = self.lines.filter(|_| naming.lines) {
@@ -105,6 +108,64 @@ pub struct ProfileSample {
     pub vm_state: Option<i32>,
     /// In a LuaJIT trace: whether its snapshot mapped the sample to the inlined frames.
     pub jit_mapped: Option<bool>,
+    /// A CPU sample, time off CPU, or a thread's state.
+    pub kind: SampleKind,
+}
+
+/// What a [`ProfileSample`] is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SampleKind {
+    /// A cpu-clock sample.
+    #[default]
+    Cpu,
+    /// Time the thread spent off CPU (`lanalyze --off-cpu`, `--wall`).
+    OffCpu(OffCpu),
+    /// The thread's state at one moment (`lanalyze --states`).
+    State(ThreadState),
+}
+
+impl ProfileSample {
+    pub fn off_cpu(&self) -> Option<OffCpu> {
+        match self.kind {
+            SampleKind::OffCpu(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// A thread as a thread-state sample saw it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadState {
+    /// `ps`'s letter: `R` (running or runnable), `S`, `D`, `T`, `I`, `Z`, …
+    pub state: char,
+    /// On a CPU at that moment.
+    pub on_cpu: bool,
+    /// The system call it was in, and for how long (known when lrec traced system calls).
+    pub syscall: Option<u32>,
+    pub syscall_ns: Option<u64>,
+}
+
+/// A stretch of time a thread spent off CPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffCpu {
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// `ps`'s letter for the state it left the CPU in (`S`, `D`, …; `R`: runnable).
+    pub state: char,
+}
+
+/// Which samples a profile holds, and what they weigh.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// CPU samples, one each.
+    #[default]
+    Cpu,
+    /// Time off CPU, in microseconds.
+    OffCpu,
+    /// CPU samples (a sampling period each) and time off CPU, in microseconds.
+    Wall,
+    /// Thread-state samples, one each.
+    States,
 }
 
 impl ProfileSample {
@@ -184,6 +245,8 @@ pub struct Profile {
     pub warnings: Vec<Warning>,
     /// How renderers name frames.
     pub naming: Naming,
+    /// Which samples the profile holds and what they weigh.
+    pub mode: Mode,
 }
 
 impl Profile {
@@ -205,6 +268,33 @@ impl Profile {
         self.threads
             .iter()
             .position(|t| t.pid == pid && t.tid == pid)
+    }
+
+    /// What `sample` weighs: 1 for CPU samples in a CPU profile; microseconds in an
+    /// off-CPU or wall-clock profile (a CPU sample stands for its sampling period).
+    pub fn weight(&self, sample: &ProfileSample) -> u64 {
+        match (self.mode, sample.off_cpu()) {
+            (Mode::Cpu | Mode::States, _) => 1,
+            (_, Some(o)) => o.duration_ns.div_ceil(1000),
+            (_, None) => crate::render::period_ns(self.header.frequency_hz)
+                .map_or(1, |ns| (ns / 1000.0).round() as u64),
+        }
+    }
+
+    /// The sum of all samples' weights.
+    pub fn total_weight(&self) -> u64 {
+        match self.mode {
+            Mode::Cpu | Mode::States => self.samples.len() as u64,
+            _ => self.samples.iter().map(|s| self.weight(s)).sum(),
+        }
+    }
+
+    /// What weights count: `samples` or `us`.
+    pub fn unit(&self) -> &'static str {
+        match self.mode {
+            Mode::Cpu | Mode::States => "samples",
+            _ => "us",
+        }
     }
 
     pub fn thread_name(&self, sample: &ProfileSample) -> &str {

@@ -122,6 +122,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         lua_vms: summary.lua_vms,
         warnings,
         naming: opts.naming,
+        mode: crate::Mode::Cpu,
     }
 }
 
@@ -134,6 +135,7 @@ fn resolved_frame(f: &Frame) -> ResolvedFrame {
             FrameKind::Inlined => resolved_frame_kind::INLINED,
             FrameKind::Kernel => resolved_frame_kind::KERNEL,
             FrameKind::Lua => resolved_frame_kind::LUA,
+            FrameKind::Wait => resolved_frame_kind::WAIT,
         },
         lua_lines: f.lines.map(|l| (l.first, l.current)),
         jit: f.jit,
@@ -148,6 +150,7 @@ fn frame(f: &ResolvedFrame) -> Frame {
             resolved_frame_kind::INLINED => FrameKind::Inlined,
             resolved_frame_kind::KERNEL => FrameKind::Kernel,
             resolved_frame_kind::LUA => FrameKind::Lua,
+            resolved_frame_kind::WAIT => FrameKind::Wait,
             _ => FrameKind::User,
         },
         lines: f
@@ -197,6 +200,7 @@ fn profile_sample(s: ResolvedSample) -> ProfileSample {
         },
         vm_state: s.vm_state,
         frames: s.frames,
+        kind: crate::SampleKind::Cpu,
     }
 }
 

@@ -169,6 +169,7 @@ impl Capture {
             |r| {
                 records.push(match r {
                     RecordRef::Sample(s) => Record::Sample(s.to_owned()),
+                    RecordRef::OffCpu(o) => Record::OffCpu(o.to_owned()),
                     RecordRef::Other(r) => r,
                 })
             },
@@ -322,10 +323,14 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String
     }
 }
 
-/// `Ok(None)` for kinds this reader does not know. Samples are decoded in place.
+/// `Ok(None)` for kinds this reader does not know. Samples (on and off CPU) are decoded in
+/// place.
 fn decode_record(k: u16, body: &[u8]) -> Result<Option<RecordRef<'_>>, String> {
     if k == kind::SAMPLE {
         return Ok(Some(RecordRef::Sample(decode(body)?)));
+    }
+    if k == kind::OFF_CPU {
+        return Ok(Some(RecordRef::OffCpu(decode(body)?)));
     }
     Ok(Record::decode_payload(k, body)?.map(RecordRef::Other))
 }

@@ -31,6 +31,14 @@ pub mod kind {
     /// What the analysis behind a stripped capture found
     /// ([`ResolvedSummary`](super::ResolvedSummary)).
     pub const RESOLVED_SUMMARY: u16 = 21;
+    /// A blocked interval of a thread with its stacks at switch-out ([`OffCpu`](super::OffCpu)),
+    /// its Lua stack (if any) just before it, as for a sample.
+    pub const OFF_CPU: u16 = 22;
+    /// Every recorded thread's state at one moment ([`ThreadStates`](super::ThreadStates)).
+    pub const THREAD_STATES: u16 = 23;
+    /// Off-CPU time counted but not recorded with stacks, per thread
+    /// ([`OffCpuTotals`](super::OffCpuTotals)).
+    pub const OFF_CPU_TOTALS: u16 = 24;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -235,10 +243,120 @@ impl SampleRef<'_> {
     }
 }
 
+/// A thread's time off CPU: from `start_ns` it was blocked for `duration_ns` (the blocked
+/// intervals of one system call add up), in `state`; `sample` holds its registers, user
+/// stack and kernel stack as they were when it blocked (taken when it next returned from
+/// the system call, before running user code; `sample.time_ns` is that moment).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct OffCpu {
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    /// The task's `__state` when it left the CPU (1 sleeping, 2 disk sleep, …; see
+    /// [`task_state_letter`]).
+    pub state: u32,
+    pub sample: Sample,
+}
+
+/// An [`OffCpu`] decoded in place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffCpuRef<'a> {
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub state: u32,
+    #[serde(borrow)]
+    pub sample: SampleRef<'a>,
+}
+
+impl OffCpuRef<'_> {
+    pub fn to_owned(&self) -> OffCpu {
+        OffCpu {
+            start_ns: self.start_ns,
+            duration_ns: self.duration_ns,
+            state: self.state,
+            sample: self.sample.to_owned(),
+        }
+    }
+}
+
+/// The letter `ps` shows for a task's `__state` and `exit_state` (R, S, D, T, t, X, Z, I,
+/// P).
+pub fn task_state_letter(state: u32, exit_state: u32) -> char {
+    const TASK_UNINTERRUPTIBLE: u32 = 2;
+    const TASK_NOLOAD: u32 = 0x400;
+    match (state, exit_state) {
+        (_, 16) => 'X',
+        (_, e) if e & 32 != 0 => 'Z',
+        (0, _) => 'R',
+        (s, _) if s & TASK_NOLOAD != 0 && s & TASK_UNINTERRUPTIBLE != 0 => 'I',
+        (s, _) if s & 1 != 0 => 'S',
+        (s, _) if s & TASK_UNINTERRUPTIBLE != 0 => 'D',
+        (s, _) if s & 4 != 0 => 'T',
+        (s, _) if s & 8 != 0 => 't',
+        (s, _) if s & 0x100 != 0 => 'P',
+        _ => '?',
+    }
+}
+
+/// One thread as a thread-state sample saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ThreadState {
+    pub pid: u32,
+    pub tid: u32,
+    /// `task->__state` and `task->exit_state` ([`task_state_letter`]).
+    pub state: u32,
+    pub exit_state: u32,
+    /// Running on a CPU at that moment (state 0 and not on a CPU: waiting for one).
+    pub on_cpu: bool,
+    /// The system call it was in, if any (known only when lrec traced system calls).
+    pub syscall: Option<u32>,
+    /// Since when it was in that system call (CLOCK_MONOTONIC ns).
+    pub syscall_since_ns: u64,
+    /// Since when it was off CPU, when it was (0 if unknown).
+    pub off_cpu_since_ns: u64,
+    /// Its saved user instruction pointer: where its user code is while it is in the
+    /// kernel (stale while it runs user code).
+    pub user_ip: u64,
+    /// Kernel return addresses, innermost first.
+    pub kernel_stack: Vec<u64>,
+}
+
+/// Every recorded thread at one moment (`lrec --states`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ThreadStates {
+    pub time_ns: u64,
+    pub threads: Vec<ThreadState>,
+}
+
+/// Off-CPU time one thread spent without a recorded stack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ThreadOffCpuTotals {
+    pub pid: u32,
+    pub tid: u32,
+    /// Blocked intervals shorter than the minimum.
+    pub short_count: u64,
+    pub short_ns: u64,
+    /// Preempted: runnable, waiting for a CPU.
+    pub runnable_count: u64,
+    pub runnable_ns: u64,
+    /// Blocked, but the thread ran user code before its stack could be taken (a page
+    /// fault, or a block outside a system call).
+    pub unpaired_count: u64,
+    pub unpaired_ns: u64,
+}
+
+/// What `lrec --off-cpu` counted but did not record with stacks (written at the end).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct OffCpuTotals {
+    /// Blocked intervals shorter than this were counted, not recorded.
+    pub min_ns: u64,
+    pub threads: Vec<ThreadOffCpuTotals>,
+}
+
 /// A record visited in place by [`crate::Capture::visit_chunk`].
 #[derive(Debug)]
 pub enum RecordRef<'a> {
     Sample(SampleRef<'a>),
+    OffCpu(OffCpuRef<'a>),
     Other(Record),
 }
 
@@ -416,6 +534,8 @@ pub mod resolved_frame_kind {
     pub const INLINED: u8 = 1;
     pub const KERNEL: u8 = 2;
     pub const LUA: u8 = 3;
+    /// A marker of time off CPU (`[sleeping]`).
+    pub const WAIT: u8 = 4;
 }
 
 /// One sample of a stripped capture: its frames (ids of [`ResolvedFrames`]), root first.
@@ -563,4 +683,7 @@ records!(
     ResolvedFrames = RESOLVED_FRAMES,
     ResolvedSample = RESOLVED_SAMPLE,
     ResolvedSummary = RESOLVED_SUMMARY,
+    OffCpu = OFF_CPU,
+    ThreadStates = THREAD_STATES,
+    OffCpuTotals = OFF_CPU_TOTALS,
 );

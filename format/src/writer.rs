@@ -64,7 +64,12 @@ impl Pending {
         buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
         self.records += 1;
         self.kinds |= kind_bit(record.kind());
-        if let Record::Sample(s) = record {
+        let sample = match record {
+            Record::Sample(s) => Some(s),
+            Record::OffCpu(o) => Some(&o.sample),
+            _ => None,
+        };
+        if let Some(s) = sample {
             let t = s.time_ns;
             self.samples.merge(&SampleSpan {
                 samples: 1,
@@ -220,7 +225,10 @@ impl<W: CaptureSink> CaptureWriter<W> {
     /// Buffers one record; writes a chunk when the buffer reaches the chunk target.
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
         // A sample's Lua frames travel with it, just before it in the same chunk.
-        let is_sample = matches!(record.kind(), kind::SAMPLE | kind::LUA_STACK);
+        let is_sample = matches!(
+            record.kind(),
+            kind::SAMPLE | kind::LUA_STACK | kind::OFF_CPU | kind::THREAD_STATES
+        );
         let pending = if is_sample {
             &mut self.samples
         } else {

@@ -92,6 +92,22 @@ pub struct Args {
     /// luaV_execute. Without them lrec takes the binary's largest function.
     #[arg(long, default_value = "/usr/lib/debug", value_name = "DIR")]
     pub debug_dir: PathBuf,
+    /// Also record where the target's threads block: each interval a thread spends off CPU
+    /// (sleeping, waiting for I/O, a lock, a socket) for at least --off-cpu-min, with its
+    /// user, Lua and kernel stacks at the moment it blocked. Read with `lanalyze
+    /// --off-cpu` (blocked time by stack) or `--wall` (on and off CPU in one picture).
+    #[arg(long)]
+    pub off_cpu: bool,
+    /// Blocked intervals shorter than this are counted per thread, not recorded with
+    /// stacks (`500us`, `1ms`, `0.01s`; a bare number is microseconds).
+    #[arg(long, default_value = "1ms", value_name = "TIME", value_parser = duration_ns)]
+    pub off_cpu_min: u64,
+    /// Also sample every thread of the target HZ times a second, the way xcapture does:
+    /// state (running, runnable, sleeping, disk sleep, …), system call and for how long,
+    /// kernel stack and wait channel. Read with `lanalyze --states`.
+    #[arg(long, value_name = "HZ", num_args = 0..=1, default_missing_value = "20",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub states: Option<u32>,
     /// Ring-buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     pub ring_mib: u32,
@@ -107,6 +123,18 @@ fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if is_positive_secs(v) => Ok(v),
         _ => Err("must be a positive number of seconds".into()),
+    }
+}
+
+/// `500us`, `1ms`, `0.01s`, or microseconds.
+fn duration_ns(s: &str) -> Result<u64, String> {
+    let (num, scale) = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)]
+        .iter()
+        .find_map(|(unit, scale)| s.strip_suffix(unit).map(|n| (n, *scale)))
+        .unwrap_or((s, 1e3));
+    match num.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok((v * scale) as u64),
+        _ => Err("must be a duration such as 500us, 1ms or 0.01s".into()),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Rust mirror of ebpf/sample.h, the one ABI shared with the BPF program.
 
-use lrec_format::{sample_flags, Regs, Sample};
+use lrec_format::{sample_flags, Regs, Sample, ThreadState};
 
 pub const MAX_STACK: u32 = 64 * 1024;
 pub const MAX_KSTACK: usize = 127;
@@ -20,7 +20,105 @@ pub struct RawSample {
     pub lua_len: u32,
     /// `struct lrec_regs`.
     pub regs: Regs,
+    /// `KIND_CPU` or `KIND_OFF_CPU`.
+    pub kind: u32,
+    pub off_state: u32,
+    pub off_start: u64,
+    pub off_ns: u64,
     pub kstack: [u64; MAX_KSTACK],
+}
+
+/// `lrec_sample.kind`.
+pub const KIND_OFF_CPU: u32 = 1;
+
+/// A blocked interval: `(start_ns, duration_ns, state)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffInterval {
+    pub start_ns: u64,
+    pub duration_ns: u64,
+    pub state: u32,
+}
+
+/// `struct lrec_thread_totals`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawThreadTotals {
+    pub pid: u32,
+    pub pad: u32,
+    pub short_count: u64,
+    pub short_ns: u64,
+    pub runnable_count: u64,
+    pub runnable_ns: u64,
+    pub unpaired_count: u64,
+    pub unpaired_ns: u64,
+}
+
+// SAFETY: plain old data (a C struct of integers), any bit pattern is valid.
+unsafe impl aya::Pod for RawThreadTotals {}
+
+/// `struct lrec_thread_state`, followed by `kstack_len` kernel addresses.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawThreadState {
+    pub time_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub state: u32,
+    pub exit_state: u32,
+    pub on_cpu: u32,
+    pub syscall: i32,
+    pub syscall_ns: u64,
+    pub off_since: u64,
+    pub user_ip: u64,
+    pub user_sp: u64,
+    pub kstack_len: u32,
+    pub pad: u32,
+}
+
+impl RawThreadState {
+    /// Decodes the records one read of the iterator gave: `(time_ns, states)`.
+    pub fn decode_all(mut bytes: &[u8]) -> Result<Vec<(u64, ThreadState)>, RawError> {
+        let hdr = std::mem::size_of::<RawThreadState>();
+        let mut out = Vec::new();
+        while !bytes.is_empty() {
+            let err = |what| RawError {
+                len: bytes.len(),
+                what,
+            };
+            let raw: RawThreadState =
+                read_pod(bytes, 0).ok_or_else(|| err("short thread state"))?;
+            let k = (raw.kstack_len as usize).min(MAX_KSTACK);
+            let kernel_stack = (0..k)
+                .map(|i| read_pod::<u64>(bytes, hdr + i * 8))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| err("kernel stack runs past the record"))?;
+            out.push((
+                raw.time_ns,
+                ThreadState {
+                    pid: raw.pid,
+                    tid: raw.tid,
+                    state: raw.state,
+                    exit_state: raw.exit_state,
+                    on_cpu: raw.on_cpu != 0,
+                    syscall: u32::try_from(raw.syscall).ok(),
+                    syscall_since_ns: raw.syscall_ns,
+                    off_cpu_since_ns: raw.off_since,
+                    user_ip: raw.user_ip,
+                    kernel_stack,
+                },
+            ));
+            bytes = &bytes[hdr + k * 8..];
+        }
+        Ok(out)
+    }
+}
+
+/// One ring-buffer record, decoded.
+pub struct Decoded {
+    pub sample: Sample,
+    pub lua: Option<LuaWalk>,
+    /// Set for an off-CPU record.
+    pub off_cpu: Option<OffInterval>,
 }
 
 // The flag bits are the format's: one meaning on both sides.
@@ -236,8 +334,9 @@ fn read_pod<T: Copy>(bytes: &[u8], at: usize) -> Option<T> {
 }
 
 impl RawSample {
-    /// Decodes one ring-buffer record into a capture sample and its Lua stack, if any.
-    pub fn decode(bytes: &[u8]) -> Result<(Sample, Option<LuaWalk>), RawError> {
+    /// Decodes one ring-buffer record into a capture sample, its Lua stack, if any, and
+    /// its blocked interval for an off-CPU record.
+    pub fn decode(bytes: &[u8]) -> Result<Decoded, RawError> {
         let hdr = std::mem::size_of::<RawSample>();
         let err = |what| RawError {
             len: bytes.len(),
@@ -278,7 +377,16 @@ impl RawSample {
             user_stack: stack.to_vec(),
             kernel_stack: raw.kstack[..k].to_vec(),
         };
-        Ok((sample, lua))
+        let off_cpu = (raw.kind == KIND_OFF_CPU).then_some(OffInterval {
+            start_ns: raw.off_start,
+            duration_ns: raw.off_ns,
+            state: raw.off_state,
+        });
+        Ok(Decoded {
+            sample,
+            lua,
+            off_cpu,
+        })
     }
 }
 
@@ -307,8 +415,14 @@ mod tests {
         assert_eq!(offset_of!(RawSample, lua_offset), 32);
         assert_eq!(offset_of!(RawSample, lua_len), 36);
         assert_eq!(offset_of!(RawSample, regs), 40);
-        assert_eq!(offset_of!(RawSample, kstack), 40 + 144);
-        assert_eq!(size_of::<RawSample>(), 40 + 144 + 127 * 8);
+        assert_eq!(offset_of!(RawSample, kind), 40 + 144);
+        assert_eq!(offset_of!(RawSample, off_start), 40 + 144 + 8);
+        assert_eq!(offset_of!(RawSample, kstack), 40 + 144 + 24);
+        assert_eq!(size_of::<RawSample>(), 40 + 144 + 24 + 127 * 8);
+        assert_eq!(size_of::<RawThreadTotals>(), 56);
+        assert_eq!(size_of::<RawThreadState>(), 72);
+        assert_eq!(offset_of!(RawThreadState, syscall_ns), 32);
+        assert_eq!(offset_of!(RawThreadState, kstack_len), 64);
         assert_eq!(size_of::<RawLuaStack>(), 32);
         assert_eq!(size_of::<RawLuaFrame>(), 56);
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
@@ -326,13 +440,17 @@ mod tests {
         let mut bytes = vec![0u8; size_of::<RawSample>() + 3];
         bytes[24] = 3; // stack_len
         bytes[28] = 1; // kstack_len
-        bytes[184..192].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes());
+        bytes[208..216].copy_from_slice(&0xffff_ffff_8100_0000u64.to_le_bytes());
         let n = bytes.len();
         bytes[n - 3..].copy_from_slice(&[7, 8, 9]);
-        let (s, lua) = RawSample::decode(&bytes).unwrap();
-        assert!(lua.is_none());
-        assert_eq!(s.user_stack, vec![7, 8, 9]);
-        assert_eq!(s.kernel_stack, vec![0xffff_ffff_8100_0000]);
+        let d = RawSample::decode(&bytes).unwrap();
+        assert!(d.lua.is_none() && d.off_cpu.is_none());
+        assert_eq!(d.sample.user_stack, vec![7, 8, 9]);
+        assert_eq!(d.sample.kernel_stack, vec![0xffff_ffff_8100_0000]);
+        bytes[184] = 1; // kind: off CPU
+        bytes[200] = 5; // off_ns
+        let d = RawSample::decode(&bytes).unwrap();
+        assert_eq!(d.off_cpu.map(|o| o.duration_ns), Some(5));
         assert!(RawSample::decode(&bytes[..10]).is_err());
         assert!(RawSample::decode(&bytes[..n - 1]).is_err());
     }

@@ -8,14 +8,17 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lrec_format::{Binary, CaptureWriter, FormatError, Header, Lost, Record, ThreadName};
+use lrec_format::{
+    Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, OffCpuTotals, Record, ThreadName,
+    ThreadOffCpuTotals, ThreadStates,
+};
 
 use crate::embedder::{Embedder, Job};
 use crate::flight::Flight;
 use crate::lua::{LuaVms, VmCode};
 use crate::output::{self, Output, WriteFailed};
 use crate::procfs::{self, MapsEntry};
-use crate::raw::RawSample;
+use crate::raw::{Decoded, RawSample, RawThreadState, RawThreadTotals};
 use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
@@ -34,6 +37,8 @@ const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
 /// Re-read /proc/PID/maps this often anyway: libraries that appear only in return
 /// addresses (libc under a callback, ld.so's work right after exec) never cause a miss.
 const MAPS_REFRESH: Duration = Duration::from_millis(100);
+/// How long after lrec first sees a thread its name is checked for a change.
+const YOUNG_THREAD: Duration = Duration::from_secs(1);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
 const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
 
@@ -98,6 +103,8 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         stack_size: args.stack_size,
         ring_bytes: args.ring_mib << 20,
         loaders: target.loaders(&args.command),
+        off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
+        states: args.states.is_some(),
     });
     let mut sampler = match sampler {
         Ok(s) => s,
@@ -134,13 +141,29 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     };
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
+    let states_every = args
+        .states
+        .map(|hz| Duration::from_secs_f64(1.0 / f64::from(hz)));
+    let mut next_states = Instant::now();
+    let mut jitter = Jitter::seeded();
     let reason = loop {
         // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
         // than when the ring fills: until it is known, samples carry no Lua frames.
-        let tick = match rec.lua.detecting() {
+        let mut tick = match rec.lua.detecting() {
             true => Duration::from_millis(5),
             false => Duration::from_millis(100),
         };
+        if let Some(every) = states_every {
+            let now = Instant::now();
+            if now >= next_states {
+                rec.on_states(&sampler.thread_states()?)?;
+                // A period on average, at random within ±50 %: a fixed rate would lock
+                // onto periodic work (timers of the target, lrec's own wake-ups) and
+                // see the same moment of it every time.
+                next_states = now + every.mul_f64(0.5 + jitter.next_unit());
+            }
+            tick = tick.min(next_states.saturating_duration_since(Instant::now()));
+        }
         sampler.wait(tick, target.pidfd())?;
         // New libraries first, while the process surely still has them mapped.
         if sampler.mappings_changed() {
@@ -149,6 +172,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         drain(&mut sampler, &mut rec)?;
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
+        rec.rename_young_threads()?;
         rec.write_embedded(false)?;
         for (pid, cfg) in rec.lua.take_configs() {
             sampler.set_lua_config(pid, &cfg)?;
@@ -203,11 +227,31 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         }
         return Ok(sampler);
     }
+    if args.off_cpu {
+        rec.off_cpu_totals(args.off_cpu_min, sampler.off_cpu_totals())?;
+    }
     let summary = rec.finish(&reason)?;
     if !args.quiet {
         summary.print(elapsed, &reason, output, bpf_cost);
     }
     Ok(sampler)
+}
+
+/// A small xorshift generator: randomness for timing, not for secrets.
+struct Jitter(u64);
+
+impl Jitter {
+    fn seeded() -> Jitter {
+        Jitter(procfs::monotonic_ns() | 1)
+    }
+
+    /// Uniform in [0, 1).
+    fn next_unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
@@ -285,6 +329,11 @@ struct Recording {
     /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s), then kept.
     kallsyms: Kallsyms,
     samples: u64,
+    /// Threads first seen less than [`YOUNG_THREAD`] ago: (pid, tid, when).
+    young: Vec<(u32, u32, Instant)>,
+    /// Off-CPU intervals recorded with stacks, and thread-state samples taken.
+    off_cpu: u64,
+    state_samples: u64,
     lost: u64,
 }
 
@@ -308,6 +357,9 @@ impl Recording {
             lua: LuaVms::default(),
             kallsyms: Kallsyms::load(),
             samples: 0,
+            young: Vec::new(),
+            off_cpu: 0,
+            state_samples: 0,
             lost: 0,
         }
     }
@@ -329,32 +381,14 @@ impl Recording {
     }
 
     fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
-        let (sample, walk) = RawSample::decode(bytes)?;
+        let Decoded {
+            sample,
+            lua: walk,
+            off_cpu,
+        } = RawSample::decode(bytes)?;
         let pid = sample.pid;
-        // Usually one lookup: the process and thread are known.
-        let (new_thread, stale) = match self.procs.get(&pid) {
-            Some(p) => (
-                !p.threads.contains_key(&sample.tid),
-                p.maps_miss(sample.regs.ip),
-            ),
-            None => {
-                // A process forked by a target since the last look.
-                self.add_process(pid)?;
-                let p = &self.procs[&pid];
-                (
-                    !p.threads.contains_key(&sample.tid),
-                    p.maps_miss(sample.regs.ip),
-                )
-            }
-        };
-        if new_thread {
-            self.note_thread(pid, sample.tid)?;
-        }
-        if stale {
-            self.refresh_maps(pid)?;
-        }
+        self.note_sampled(pid, sample.tid, sample.regs.ip)?;
         self.kernel_addrs.extend(&sample.kernel_stack);
-        self.samples += 1;
         let lua = self.lua.on_sample(&sample, walk);
         for r in self.lua.take_records() {
             self.writer.push(&r)?;
@@ -362,7 +396,78 @@ impl Recording {
         if let Some(lua) = lua {
             self.writer.push(&Record::LuaStack(lua))?;
         }
-        self.writer.push(&Record::Sample(sample))?;
+        match off_cpu {
+            None => {
+                self.samples += 1;
+                self.writer.push(&Record::Sample(sample))?;
+            }
+            Some(o) => {
+                self.off_cpu += 1;
+                self.writer.push(&Record::OffCpu(OffCpu {
+                    start_ns: o.start_ns,
+                    duration_ns: o.duration_ns,
+                    state: o.state,
+                    sample,
+                }))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A sample or state of thread `tid` of `pid` (at user address `ip`, 0 if unknown):
+    /// its process, name and mappings are written first when they are new.
+    fn note_sampled(&mut self, pid: u32, tid: u32, ip: u64) -> Result<()> {
+        // Usually one lookup: the process and thread are known.
+        if !self.procs.contains_key(&pid) {
+            // A process forked by a target since the last look.
+            self.add_process(pid)?;
+        }
+        let p = &self.procs[&pid];
+        let (new_thread, stale) = (!p.threads.contains_key(&tid), p.maps_miss(ip));
+        if new_thread {
+            self.note_thread(pid, tid)?;
+        }
+        if stale {
+            self.refresh_maps(pid)?;
+        }
+        Ok(())
+    }
+
+    /// One read of the thread-state iterator (`--states`).
+    fn on_states(&mut self, bytes: &[u8]) -> Result<()> {
+        let states = RawThreadState::decode_all(bytes)?;
+        let Some(time_ns) = states.iter().map(|(t, _)| *t).min() else {
+            return Ok(());
+        };
+        for (_, t) in &states {
+            self.note_sampled(t.pid, t.tid, 0)?;
+            self.kernel_addrs.extend(&t.kernel_stack);
+        }
+        self.state_samples += 1;
+        let threads = states.into_iter().map(|(_, t)| t).collect();
+        self.writer
+            .push(&Record::ThreadStates(ThreadStates { time_ns, threads }))?;
+        Ok(())
+    }
+
+    /// What `--off-cpu` counted without stacks, per thread.
+    fn off_cpu_totals(&mut self, min_ns: u64, totals: Vec<(u32, RawThreadTotals)>) -> Result<()> {
+        let mut threads: Vec<ThreadOffCpuTotals> = totals
+            .into_iter()
+            .map(|(tid, t)| ThreadOffCpuTotals {
+                pid: t.pid,
+                tid,
+                short_count: t.short_count,
+                short_ns: t.short_ns,
+                runnable_count: t.runnable_count,
+                runnable_ns: t.runnable_ns,
+                unpaired_count: t.unpaired_count,
+                unpaired_ns: t.unpaired_ns,
+            })
+            .collect();
+        threads.sort_by_key(|t| (t.pid, t.tid));
+        self.writer
+            .push(&Record::OffCpuTotals(OffCpuTotals { min_ns, threads }))?;
         Ok(())
     }
 
@@ -370,10 +475,42 @@ impl Recording {
         let name = procfs::thread_name(pid, tid).unwrap_or_default();
         if let Some(p) = self.procs.get_mut(&pid) {
             p.threads.insert(tid, name.clone());
+            self.young.push((pid, tid, Instant::now()));
         }
         if !name.is_empty() {
             self.writer
                 .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
+        }
+        Ok(())
+    }
+
+    /// Threads rename themselves right after they start (prctl, as thread pools do),
+    /// often after lrec first read their name: threads seen in the last second are read
+    /// again, and a new name is recorded (the latest one counts).
+    fn rename_young_threads(&mut self) -> Result<()> {
+        self.young
+            .retain(|(_, _, seen)| seen.elapsed() < YOUNG_THREAD);
+        let mut renamed = Vec::new();
+        for &(pid, tid, _) in &self.young {
+            let Some(name) = self
+                .procs
+                .get_mut(&pid)
+                .and_then(|p| p.threads.get_mut(&tid))
+            else {
+                continue;
+            };
+            if let Some(now) = procfs::thread_name(pid, tid).filter(|n| !n.is_empty() && n != name)
+            {
+                name.clone_from(&now);
+                renamed.push(ThreadName {
+                    pid,
+                    tid,
+                    name: now,
+                });
+            }
+        }
+        for r in renamed {
+            self.writer.push(&Record::ThreadName(r))?;
         }
         Ok(())
     }

@@ -8,11 +8,11 @@ use std::time::Duration;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::uprobe::UProbeScope;
-use aya::programs::{BtfTracePoint, PerfEvent, UProbe};
+use aya::programs::{BtfTracePoint, Iter, PerfEvent, UProbe};
 use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
 
-use crate::raw::{RawLuaConfig, RawPucConfig};
+use crate::raw::{RawLuaConfig, RawPucConfig, RawThreadTotals};
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
 static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
@@ -29,6 +29,10 @@ pub struct SamplerConfig {
     pub ring_bytes: u32,
     /// The target's dynamic loaders (ld.so), watched for newly mapped libraries.
     pub loaders: Vec<PathBuf>,
+    /// Record blocked intervals of at least this many nanoseconds (`--off-cpu`).
+    pub off_cpu_min_ns: Option<u64>,
+    /// Trace system calls and load the thread-state iterator (`--states`).
+    pub states: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +61,10 @@ pub enum SamplerError {
     Btf(String),
     #[error("found no dynamic loader to watch")]
     NoLoader,
+    #[error("creating the thread-state iterator failed")]
+    Iter(#[source] aya::programs::links::LinkError),
+    #[error("reading the thread states failed")]
+    States(#[source] std::io::Error),
     #[error("poll on the ring buffer failed")]
     Poll(#[source] std::io::Error),
 }
@@ -119,16 +127,21 @@ impl Sampler {
         let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
         let follow = u32::from(cfg.follow_children);
+        let off_cpu_min = cfg.off_cpu_min_ns.unwrap_or(0);
         // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
         let btf = std::thread::spawn(Btf::from_sys_fs);
         let mut bpf = EbpfLoader::new();
         let mut ebpf = bpf
+            // Task storage (per-thread off-CPU bookkeeping) has no aya wrapper; only BPF
+            // uses it.
+            .allow_unsupported_maps()
             .override_global("stack_size", &cfg.stack_size, false)
             .override_global("follow_children", &follow, false)
             .override_global("wakeup_bytes", &wakeup_bytes, false)
             .override_global("target_tgid", &cfg.pids[0], false)
+            .override_global("off_cpu_min_ns", &off_cpu_min, false)
             .map_max_entries("scratch", ncpu as u32)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)
@@ -148,10 +161,26 @@ impl Sampler {
                 })?;
         }
         // Processes forked by the targets join them (and leave the map when they exit).
-        for (name, event) in [
+        let mut tracepoints = vec![
             ("on_fork", "sched_process_fork"),
             ("on_exit", "sched_process_exit"),
-        ] {
+        ];
+        if cfg.off_cpu_min_ns.is_some() {
+            tracepoints.push(("on_switch", "sched_switch"));
+        }
+        if cfg.off_cpu_min_ns.is_some() || cfg.states {
+            tracepoints.push(("on_sys_exit", "sys_exit"));
+        }
+        if cfg.states {
+            tracepoints.push(("on_sys_enter", "sys_enter"));
+            let it: &mut Iter = ebpf
+                .program_mut("thread_states")
+                .expect("program is in the object")
+                .try_into()
+                .map_err(SamplerError::Program)?;
+            it.load("task", &btf).map_err(SamplerError::Program)?;
+        }
+        for (name, event) in tracepoints {
             let tp: &mut BtfTracePoint = ebpf
                 .program_mut(name)
                 .expect("program is in the object")
@@ -278,6 +307,37 @@ impl Sampler {
         let prog: &PerfEvent = self.ebpf.program("sample")?.try_into().ok()?;
         let info = prog.info().ok()?;
         (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
+    }
+
+    /// Every recorded thread's state now, as `struct lrec_thread_state` records (empty
+    /// without `--states`).
+    pub fn thread_states(&mut self) -> Result<Vec<u8>, SamplerError> {
+        use std::io::Read;
+        let Some(prog) = self.ebpf.program_mut("thread_states") else {
+            return Ok(Vec::new());
+        };
+        let it: &mut Iter = prog.try_into().map_err(SamplerError::Program)?;
+        if it.fd().is_err() {
+            return Ok(Vec::new());
+        }
+        // Each read of the iterator needs a link of its own: cheap at tens per second.
+        let link = it.attach().map_err(SamplerError::Program)?;
+        let link = it.take_link(link).map_err(SamplerError::Program)?;
+        let mut file = link.into_file().map_err(SamplerError::Iter)?;
+        let mut out = Vec::new();
+        file.read_to_end(&mut out).map_err(SamplerError::States)?;
+        Ok(out)
+    }
+
+    /// Per thread, the off-CPU time counted but not recorded with stacks.
+    pub fn off_cpu_totals(&self) -> Vec<(u32, RawThreadTotals)> {
+        let Some(map) = self.ebpf.map("thread_totals") else {
+            return Vec::new();
+        };
+        let Ok(map) = BpfHashMap::<_, u32, RawThreadTotals>::try_from(map) else {
+            return Vec::new();
+        };
+        map.iter().filter_map(Result::ok).collect()
     }
 
     /// Samples dropped by BPF so far because the ring buffer was full.

@@ -158,7 +158,7 @@ pub fn write_diff_flamegraph(
         before.stats.samples,
         after.stats.samples
     );
-    flamegraph::draw(&lines, title, out)
+    flamegraph::draw(&lines, title, "samples", out)
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ impl Categories {
             .iter()
             .enumerate()
             .map(|(i, f)| match f.kind {
-                FrameKind::Kernel => self.kernel,
+                FrameKind::Kernel | FrameKind::Wait => self.kernel,
                 FrameKind::Lua => match self.of_state(&f.function) {
                     Some(category) => category,
                     None if f.jit => self.jit_compiled,

@@ -13,20 +13,25 @@ pub fn write_flamegraph(
 ) -> io::Result<()> {
     let lines = folded_lines(profile, opts);
     let h = &profile.header;
-    let title = match h.frequency_hz {
-        0 => super::command(profile),
-        hz => format!(
-            "{} ({hz} Hz, {} samples)",
-            super::command(profile),
-            profile.stats.samples
-        ),
+    let command = super::command(profile);
+    let title = match (profile.mode, h.frequency_hz) {
+        (crate::Mode::OffCpu, _) => format!("Off-CPU time: {command}"),
+        (crate::Mode::Wall, _) => format!("Wall-clock time, on and off CPU: {command}"),
+        (crate::Mode::States, _) => format!("Thread states: {command}"),
+        (_, 0) => command,
+        (_, hz) => format!("{command} ({hz} Hz, {} samples)", profile.stats.samples),
     };
-    draw(&lines, title, out)
+    draw(&lines, title, profile.unit(), out)
 }
 
 /// Draws collapsed stack lines (`stack COUNT`, or `stack BEFORE AFTER` for a differential
 /// flame graph).
-pub(super) fn draw(lines: &[String], title: String, out: &mut dyn Write) -> io::Result<()> {
+pub(super) fn draw(
+    lines: &[String],
+    title: String,
+    unit: &str,
+    out: &mut dyn Write,
+) -> io::Result<()> {
     if lines.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
@@ -35,6 +40,6 @@ pub(super) fn draw(lines: &[String], title: String, out: &mut dyn Write) -> io::
     }
     let mut options = inferno::flamegraph::Options::default();
     options.title = title;
-    options.count_name = "samples".into();
+    options.count_name = unit.into();
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
 }

@@ -8,8 +8,9 @@ use rustc_hash::FxHashMap;
 use super::{StackOptions, TRUNCATED_FRAME};
 use crate::{FrameId, Profile};
 
-/// Each distinct stack line (without count) and its number of samples, sorted
-/// lexicographically so that output is deterministic.
+/// Each distinct stack line (without count) and its weight (samples, or microseconds for
+/// off-CPU and wall-clock profiles), sorted lexicographically so that output is
+/// deterministic.
 pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, u64> {
     // Count distinct (thread, truncated, frames) first: far fewer than samples.
     let mut distinct: FxHashMap<(usize, bool, &[FrameId]), u64> = FxHashMap::default();
@@ -21,7 +22,7 @@ pub fn folded_stacks(profile: &Profile, opts: StackOptions) -> BTreeMap<String, 
         };
         *distinct
             .entry((thread, sample.truncated(), &sample.frames))
-            .or_default() += 1;
+            .or_default() += profile.weight(sample);
     }
     let names: Vec<String> = profile
         .display_names()

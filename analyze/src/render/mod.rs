@@ -7,6 +7,7 @@ mod folded;
 mod info;
 mod pprof;
 mod speedscope;
+mod states;
 mod top;
 
 pub use diff::{write_diff_flamegraph, write_diff_folded, write_diff_top};
@@ -16,6 +17,7 @@ pub use folded::{folded_lines, folded_stacks, write_folded};
 pub use info::write_info;
 pub use pprof::write_pprof;
 pub use speedscope::write_speedscope;
+pub use states::{write_states, write_states_csv, StateKey};
 pub use top::{top_functions, write_top, FunctionCounts};
 
 /// How stacks are turned into lines of frames.
@@ -43,6 +45,19 @@ pub const TRUNCATED_FRAME: &str = "[truncated]";
 /// capture does not say its frequency.
 pub(crate) fn period_ns(frequency_hz: u32) -> Option<f64> {
     (frequency_hz > 0).then(|| 1e9 / f64::from(frequency_hz))
+}
+
+/// `1ms`, `250us`, `1.5s`: a duration as people write it.
+pub fn format_duration(ns: u64) -> String {
+    let (value, unit) = match ns {
+        n if n >= 1_000_000_000 => (n as f64 / 1e9, "s"),
+        n if n >= 1_000_000 => (n as f64 / 1e6, "ms"),
+        n if n >= 1_000 => (n as f64 / 1e3, "us"),
+        n => (n as f64, "ns"),
+    };
+    let text = format!("{value:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text}{unit}")
 }
 
 /// What was recorded: the lrec command line (titles of the outputs).

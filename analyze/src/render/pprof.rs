@@ -118,8 +118,16 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     let period = period_ns(profile.header.frequency_hz);
     let samples_type = b.value_type("samples", "count");
     top.message(f::SAMPLE_TYPE, &samples_type);
+    // Off-CPU and wall-clock profiles weigh their samples in time.
+    let timed = !matches!(profile.mode, crate::Mode::Cpu | crate::Mode::States);
+    let period = if timed { Some(1000) } else { period };
     if let Some(period) = period {
-        let cpu_type = b.value_type("cpu", "nanoseconds");
+        let time = match profile.mode {
+            crate::Mode::OffCpu => "off_cpu",
+            crate::Mode::Wall => "wall",
+            _ => "cpu",
+        };
+        let cpu_type = b.value_type(time, "nanoseconds");
         top.message(f::SAMPLE_TYPE, &cpu_type)
             .message(f::PERIOD_TYPE, &cpu_type)
             .int(f::PERIOD, period);
@@ -127,11 +135,13 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
 
     // Identical (thread, stack) samples become one; sorted so that output is
     // deterministic.
-    let mut stacks: FxHashMap<(usize, &[FrameId], bool), i64> = FxHashMap::default();
+    let mut stacks: FxHashMap<(usize, &[FrameId], bool), (i64, i64)> = FxHashMap::default();
     for s in &profile.samples {
-        *stacks
+        let e = stacks
             .entry((s.thread, &s.frames, s.truncated()))
-            .or_default() += 1;
+            .or_default();
+        e.0 += 1;
+        e.1 += if timed { profile.weight(s) as i64 } else { 1 };
     }
     let mut stacks: Vec<_> = stacks.into_iter().collect();
     stacks.sort_unstable();
@@ -140,7 +150,7 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         b.strings.id("pid"),
         b.strings.id("tid"),
     ];
-    for ((thread, frames, truncated), n) in stacks {
+    for ((thread, frames, truncated), (n, weight)) in stacks {
         let mut locations: Vec<u64> = frames.iter().rev().map(|&id| b.location(id)).collect();
         if locations.is_empty() {
             locations.push(b.placeholder(UNKNOWN));
@@ -155,7 +165,7 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
             .packed(
                 field::sample::VALUE,
                 std::iter::once(n)
-                    .chain(period.map(|p| n * p))
+                    .chain(period.map(|p| weight * p))
                     .map(|v| v as u64),
             )
             .message(field::sample::LABEL, &label(keys[0], Some(name), 0))
@@ -319,7 +329,7 @@ impl<'p> Builder<'p> {
 
     fn mapping_of(&mut self, frame: &Frame) -> u64 {
         match (frame.kind, frame.module.as_deref()) {
-            (FrameKind::Kernel, _) => self.other_mapping(KERNEL_MAPPING),
+            (FrameKind::Kernel | FrameKind::Wait, _) => self.other_mapping(KERNEL_MAPPING),
             (FrameKind::Lua, Some(chunk)) => self.other_mapping(chunk),
             (FrameKind::Lua, None) => self.other_mapping(LUA_MAPPING),
             (FrameKind::User | FrameKind::Inlined, Some(module)) => {

@@ -67,9 +67,10 @@ pub fn write_speedscope(profile: &Profile, out: &mut dyn Write) -> io::Result<()
 fn file(profile: &Profile) -> File<'_> {
     let (frames, index) = frame_table(profile);
     // Without a frequency a sample weighs 1 of unit "none": a sample count.
-    let (unit, weight) = match super::period_ns(profile.header.frequency_hz) {
-        None => ("none", 1),
-        Some(p) => ("nanoseconds", p as u64),
+    let (unit, period) = match (profile.mode, super::period_ns(profile.header.frequency_hz)) {
+        (crate::Mode::OffCpu | crate::Mode::Wall, _) => ("microseconds", None),
+        (_, None) => ("none", Some(1)),
+        (_, Some(p)) => ("nanoseconds", Some(p as u64)),
     };
     let mut by_thread: Vec<Vec<&ProfileSample>> = vec![Vec::new(); profile.threads.len()];
     for s in &profile.samples {
@@ -82,6 +83,10 @@ fn file(profile: &Profile) -> File<'_> {
         .map(|(thread, mut samples)| {
             // Stable: samples of one instant keep the order the capture holds.
             samples.sort_by_key(|s| s.time_ns);
+            let weights: Vec<u64> = samples
+                .iter()
+                .map(|s| period.unwrap_or_else(|| profile.weight(s)))
+                .collect();
             let stacks: Vec<Vec<u32>> = samples
                 .iter()
                 .map(|s| {
@@ -97,8 +102,8 @@ fn file(profile: &Profile) -> File<'_> {
                 name: format!("{} [{}]", thread.name, thread.tid),
                 unit,
                 start_value: 0,
-                end_value: weight * stacks.len() as u64,
-                weights: vec![weight; stacks.len()],
+                end_value: weights.iter().sum(),
+                weights,
                 samples: stacks,
             }
         })

@@ -22,7 +22,7 @@ pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
     // Distinct stacks first: far fewer than samples.
     let mut stacks: FxHashMap<&[FrameId], u64> = FxHashMap::default();
     for sample in &profile.samples {
-        *stacks.entry(&sample.frames).or_default() += 1;
+        *stacks.entry(&sample.frames).or_default() += profile.weight(sample);
     }
     let mut by_name: FxHashMap<&str, (u64, u64)> = FxHashMap::default();
     let mut seen: FxHashSet<&str> = FxHashSet::default();
@@ -55,8 +55,11 @@ pub fn top_functions(profile: &Profile) -> Vec<FunctionCounts> {
 
 /// Writes a table of the `n` functions with the most self samples.
 pub fn write_top(profile: &Profile, n: usize, out: &mut dyn Write) -> io::Result<()> {
-    let total = profile.stats.samples.max(1) as f64;
+    let total = profile.total_weight().max(1) as f64;
     let pct = |x: u64| 100.0 * x as f64 / total;
+    if profile.unit() != "samples" {
+        writeln!(out, "(self and total in microseconds)")?;
+    }
     writeln!(
         out,
         "{:>8} {:>7} {:>8} {:>7}  FUNCTION",
@@ -75,8 +78,16 @@ pub fn write_top(profile: &Profile, n: usize, out: &mut dyn Write) -> io::Result
     }
     writeln!(
         out,
-        "({} samples; {} truncated stacks, {} failed unwinds)",
-        profile.stats.samples, profile.stats.truncated, profile.stats.failed_unwinds
+        "({} {}; {} truncated stacks, {} failed unwinds)",
+        profile.stats.samples,
+        match profile.mode {
+            crate::Mode::Cpu => "samples",
+            crate::Mode::OffCpu => "off-CPU intervals",
+            crate::Mode::Wall => "samples and off-CPU intervals",
+            crate::Mode::States => "thread states",
+        },
+        profile.stats.truncated,
+        profile.stats.failed_unwinds
     )?;
     if !profile.stats.vm_states.is_empty() {
         writeln!(out, "(Lua VM state: {})", super::info::vm_states(profile))?;

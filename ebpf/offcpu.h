@@ -1,0 +1,276 @@
+/* Off-CPU intervals and thread states (included by sample.bpf.c: they share its maps and
+ * its sample path).
+ *
+ * Off CPU: sched_switch notes when a recorded thread leaves a CPU and, when it comes back
+ * after blocking for at least off_cpu_min_ns, that it owes a stack: its kernel stack is
+ * taken then (the task has not run yet, so it is the stack it blocked in). Its user
+ * registers and stack cannot be read from another task's context, but they do not change
+ * until the thread runs user code again: the thread's next system-call exit copies them
+ * through the same path as a CPU sample (Lua frames included), when its saved user
+ * registers are still those it blocked with. Shorter intervals, waits for a CPU
+ * (preemption) and blocks whose user context is gone are only counted, per thread.
+ *
+ * Thread states: a task iterator, run by lrec at a fixed rate, writes each recorded
+ * thread's state, system call, wait and kernel stack. */
+
+/* Set by lrec before load. */
+const volatile __u64 off_cpu_min_ns = 1000000;
+
+/* What lrec keeps per thread (task storage: freed with the task). */
+struct lrec_task {
+	__u64 out_ns;     /* left the CPU at; 0 while on it */
+	__u64 out_ip;     /* its saved user ip and sp then */
+	__u64 out_sp;
+	__u32 out_state;  /* 0: preempted (runnable) */
+	__u32 owed_state;
+	__u64 owed_start; /* blocked intervals whose stack is owed */
+	__u64 owed_ns;
+	__u64 owed_ip;
+	__u64 owed_sp;
+	__u64 syscall_ns; /* entered the current system call at (--states) */
+	__s32 syscall1;   /* its number + 1; 0: none */
+	__u32 kstack_len;
+	__u64 kstack[LREC_MAX_KSTACK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct lrec_task);
+} tasks SEC(".maps");
+
+/* Per tid: the intervals counted, not recorded (read by lrec at the end). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct lrec_thread_totals);
+} thread_totals SEC(".maps");
+
+struct task_regs___lrec {
+	__u64 ip;
+	__u64 sp;
+};
+
+/* A task's saved user ip and sp. */
+static __always_inline void saved_ip_sp(struct task_struct *task, __u64 *ip, __u64 *sp)
+{
+	struct pt_regs *ur = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct pt_regs r;
+	*ip = 0;
+	*sp = 0;
+	if (ur && !bpf_probe_read_kernel(&r, sizeof(r), ur)) {
+		*ip = r.rip;
+		*sp = r.rsp;
+	}
+}
+
+static __always_inline struct lrec_thread_totals *totals(__u32 tid, __u32 pid)
+{
+	struct lrec_thread_totals *t = bpf_map_lookup_elem(&thread_totals, &tid);
+	if (t)
+		return t;
+	struct lrec_thread_totals zero = { .pid = pid };
+	bpf_map_update_elem(&thread_totals, &tid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&thread_totals, &tid);
+}
+
+/* The owed stack can no longer be taken: count its time. */
+static __always_inline void unpaired(struct lrec_task *st, __u32 tid, __u32 pid)
+{
+	struct lrec_thread_totals *t = totals(tid, pid);
+	if (t) {
+		__sync_fetch_and_add(&t->unpaired_count, 1);
+		__sync_fetch_and_add(&t->unpaired_ns, st->owed_ns);
+	}
+	st->owed_ns = 0;
+}
+
+/* Recorded thread prev leaves the CPU. */
+static __always_inline void switch_out(struct task_struct *prev, __u32 tgid, int preempt,
+				       unsigned int prev_state, __u64 now)
+{
+	struct lrec_task *st =
+		bpf_task_storage_get(&tasks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	__u64 ip, sp;
+	saved_ip_sp(prev, &ip, &sp);
+	/* It ran user code since it last blocked: that stack is gone. */
+	if (st->owed_ns && (ip != st->owed_ip || sp != st->owed_sp))
+		unpaired(st, BPF_CORE_READ((struct task_struct___lrec *)prev, pid), tgid);
+	st->out_ns = now;
+	st->out_state = preempt ? 0 : prev_state;
+	st->out_ip = ip;
+	st->out_sp = sp;
+}
+
+/* Recorded thread next gets a CPU back. */
+static __always_inline void switch_in(struct task_struct *next, __u32 tgid, __u64 now)
+{
+	struct lrec_task *st = bpf_task_storage_get(&tasks, next, 0, 0);
+	if (!st || !st->out_ns)
+		return;
+	__u64 d = now - st->out_ns;
+	__u32 tid = BPF_CORE_READ((struct task_struct___lrec *)next, pid);
+	st->out_ns = 0;
+	if (st->out_state == 0 || d < off_cpu_min_ns) {
+		struct lrec_thread_totals *t = totals(tid, tgid);
+		if (!t)
+			return;
+		if (st->out_state == 0) {
+			__sync_fetch_and_add(&t->runnable_count, 1);
+			__sync_fetch_and_add(&t->runnable_ns, d);
+		} else {
+			__sync_fetch_and_add(&t->short_count, 1);
+			__sync_fetch_and_add(&t->short_ns, d);
+		}
+		return;
+	}
+	if (st->owed_ns && (st->out_ip != st->owed_ip || st->out_sp != st->owed_sp))
+		unpaired(st, tid, tgid);
+	if (!st->owed_ns) {
+		st->owed_start = now - d;
+		st->owed_state = st->out_state;
+		st->owed_ip = st->out_ip;
+		st->owed_sp = st->out_sp;
+		/* The task has not run yet: its kernel stack is the one it blocked in. */
+		long len = bpf_get_task_stack(next, st->kstack, sizeof(st->kstack), 0);
+		st->kstack_len = len > 0 ? len / sizeof(__u64) : 0;
+	}
+	st->owed_ns += d;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u32 ptgid = BPF_CORE_READ((struct task_struct___lrec *)prev, tgid);
+	__u32 ntgid = BPF_CORE_READ((struct task_struct___lrec *)next, tgid);
+	if (bpf_map_lookup_elem(&targets, &ptgid))
+		switch_out(prev, ptgid, preempt, prev_state, bpf_ktime_get_ns());
+	if (bpf_map_lookup_elem(&targets, &ntgid))
+		switch_in(next, ntgid, bpf_ktime_get_ns());
+	return 0;
+}
+
+/* A recorded thread returns from a system call: if it owes the stack of a blocked
+ * interval and is where it blocked, record it now. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (!st)
+		return 0;
+	st->syscall1 = 0;
+	if (!st->owed_ns)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	struct pt_regs r;
+	if (!task_user_regs(&r) || r.rip != st->owed_ip || r.rsp != st->owed_sp) {
+		unpaired(st, (__u32)id, id >> 32);
+		return 0;
+	}
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct sample_buf *b = begin(id, cpu, LREC_KIND_OFF_CPU);
+	if (!b)
+		return 0;
+	struct lrec_sample *s = &b->s;
+	s->flags = LREC_KERNEL_MODE;
+	s->off_state = st->owed_state;
+	s->off_start = st->owed_start;
+	s->off_ns = st->owed_ns;
+	__u32 k = st->kstack_len;
+	if (k > LREC_MAX_KSTACK)
+		k = LREC_MAX_KSTACK;
+	s->kstack_len = k;
+	__builtin_memcpy(s->kstack, st->kstack, sizeof(s->kstack));
+	st->owed_ns = 0;
+	emit(b, &r, cpu);
+	return 0;
+}
+
+/* --states: a recorded thread enters a system call. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long nr)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (!st) {
+		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+		if (!bpf_map_lookup_elem(&targets, &tgid))
+			return 0;
+		st = bpf_task_storage_get(&tasks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!st)
+			return 0;
+	}
+	st->syscall1 = nr + 1;
+	st->syscall_ns = bpf_ktime_get_ns();
+	return 0;
+}
+
+struct bpf_iter_meta___lrec {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task___lrec {
+	struct bpf_iter_meta___lrec *meta;
+	struct task_struct *task;
+} __attribute__((preserve_access_index));
+
+struct thread_state_buf {
+	struct lrec_thread_state t;
+	__u64 kstack[LREC_MAX_KSTACK];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct thread_state_buf);
+} state_buf SEC(".maps");
+
+/* --states: one record per recorded thread, each time lrec reads the iterator. */
+SEC("iter/task")
+int thread_states(struct bpf_iter__task___lrec *ctx)
+{
+	struct seq_file *seq = ctx->meta->seq;
+	struct task_struct *task = ctx->task;
+	if (!task)
+		return 0;
+	struct task_struct___lrec *t = (void *)task;
+	__u32 tgid = BPF_CORE_READ(t, tgid);
+	if (!bpf_map_lookup_elem(&targets, &tgid))
+		return 0;
+	__u32 zero = 0;
+	struct thread_state_buf *b = bpf_map_lookup_elem(&state_buf, &zero);
+	if (!b)
+		return 0;
+	b->t.time_ns = bpf_ktime_get_ns();
+	b->t.pid = tgid;
+	b->t.tid = BPF_CORE_READ(t, pid);
+	b->t.state = BPF_CORE_READ(t, __state);
+	b->t.exit_state = BPF_CORE_READ(t, exit_state);
+	b->t.on_cpu = BPF_CORE_READ(t, on_cpu);
+	b->t.syscall = -1;
+	b->t.syscall_ns = 0;
+	b->t.off_since = 0;
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (st) {
+		b->t.syscall = st->syscall1 - 1;
+		b->t.syscall_ns = st->syscall1 ? st->syscall_ns : 0;
+		b->t.off_since = st->out_ns;
+	}
+	saved_ip_sp(task, &b->t.user_ip, &b->t.user_sp);
+	long len = bpf_get_task_stack(task, b->kstack, sizeof(b->kstack), 0);
+	if (len < 0)
+		len = 0;
+	b->t.kstack_len = len / sizeof(__u64);
+	__u32 size = sizeof(b->t) + (len & 1023);
+	if (size > sizeof(*b))
+		size = sizeof(*b);
+	bpf_seq_write(seq, b, size);
+	return 0;
+}
