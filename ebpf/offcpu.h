@@ -48,21 +48,22 @@ struct {
 	__type(value, struct lrec_thread_totals);
 } thread_totals SEC(".maps");
 
-struct task_regs___lrec {
-	__u64 ip;
-	__u64 sp;
-};
+/* The kernel's struct pt_regs, the two fields read here (CO-RE relocated). */
+struct pt_regs___lrec {
+	unsigned long ip;
+	unsigned long sp;
+} __attribute__((preserve_access_index));
 
-/* A task's saved user ip and sp. */
+/* A task's saved user ip and sp: two loads, not a copy of all registers (this runs on
+ * every context switch of a recorded thread). */
 static __always_inline void saved_ip_sp(struct task_struct *task, __u64 *ip, __u64 *sp)
 {
-	struct pt_regs *ur = (struct pt_regs *)bpf_task_pt_regs(task);
-	struct pt_regs r;
+	struct pt_regs___lrec *ur = (void *)bpf_task_pt_regs(task);
 	*ip = 0;
 	*sp = 0;
-	if (ur && !bpf_probe_read_kernel(&r, sizeof(r), ur)) {
-		*ip = r.rip;
-		*sp = r.rsp;
+	if (ur) {
+		*ip = BPF_CORE_READ(ur, ip);
+		*sp = BPF_CORE_READ(ur, sp);
 	}
 }
 
@@ -81,8 +82,8 @@ static __always_inline void unpaired(struct lrec_task *st, __u32 tid, __u32 pid)
 {
 	struct lrec_thread_totals *t = totals(tid, pid);
 	if (t) {
-		__sync_fetch_and_add(&t->unpaired_count, 1);
-		__sync_fetch_and_add(&t->unpaired_ns, st->owed_ns);
+		t->unpaired_count += 1;
+		t->unpaired_ns += st->owed_ns;
 	}
 	st->owed_ns = 0;
 }
@@ -119,12 +120,14 @@ static __always_inline void switch_in(struct task_struct *next, __u32 tgid, __u6
 		struct lrec_thread_totals *t = totals(tid, tgid);
 		if (!t)
 			return;
+		/* Plain adds: a thread's totals change only at its own context switches
+		 * (and system-call exits), which never run at the same time. */
 		if (st->out_state == 0) {
-			__sync_fetch_and_add(&t->runnable_count, 1);
-			__sync_fetch_and_add(&t->runnable_ns, d);
+			t->runnable_count += 1;
+			t->runnable_ns += d;
 		} else {
-			__sync_fetch_and_add(&t->short_count, 1);
-			__sync_fetch_and_add(&t->short_ns, d);
+			t->short_count += 1;
+			t->short_ns += d;
 		}
 		return;
 	}

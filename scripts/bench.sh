@@ -72,19 +72,20 @@ fi
 #    program's cost per sample. Then the same attached: the target's own wall time, from its
 #    start to its exit, bare and with `lrec -p` or `perf record -p` attached right after it
 #    started (the profilers' own start-up and teardown then run beside it, not before and
-#    after it). ONLY=luajit or ONLY=puc runs one of them.
+#    after it). ONLY=luajit or ONLY=puc runs one of them; ONLY=offcpu only section 4.
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
 [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
+[ "${ONLY:-}" = offcpu ] && CASES=()
 wall() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 old_stats=$(sysctl -n kernel.bpf_stats_enabled 2>/dev/null || echo 0)
 sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || true
-echo
+[ ${#CASES[@]} -gt 0 ] && echo &&
 printf "Lua overhead: %s, fixed work, %d runs each, alternating, median wall time\n" "$CHAINS" "$LUA_RUNS"
-printf "%-14s %10s %10s %10s %12s %12s %14s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown" "BPF us/sample"
+[ ${#CASES[@]} -gt 0 ] && printf "%-14s %10s %10s %10s %12s %12s %14s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown" "BPF us/sample"
 for case in "${CASES[@]}"; do
   IFS='|' read -r label cmd rounds <<<"$case"
   : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/perf.t"; : >"$OUT/bpf.t"
@@ -93,7 +94,7 @@ for case in "${CASES[@]}"; do
     t0=$(now)
     ./target/release/lrec -F 999 -o "$OUT/lua.lrec" -- $cmd $CHAINS 0 "$rounds" >/dev/null 2>"$OUT/lrec.err"
     t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >>"$OUT/lrec.t"
-    grep -o '[0-9.]* us per run' "$OUT/lrec.err" | awk '{print $1}' >>"$OUT/bpf.t" || true
+    grep 'BPF sampler' "$OUT/lrec.err" | grep -o '[0-9.]* us per run' | awk '{print $1}' >>"$OUT/bpf.t" || true
     wall perf record -q -F 999 --call-graph dwarf,16384 -o "$OUT/lua.perf" -- $cmd $CHAINS 0 "$rounds" >>"$OUT/perf.t"
   done
   b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); p=$(median <"$OUT/perf.t")
@@ -117,9 +118,9 @@ attached() {
   [ -n "$rp" ] && wait "$rp"
   awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'
 }
-echo
+[ ${#CASES[@]} -gt 0 ] && echo &&
 printf "Lua overhead, attached: the target's own wall time, %d runs each, alternating, median\n" "$LUA_RUNS"
-printf "%-14s %10s %10s %10s %12s %12s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown"
+[ ${#CASES[@]} -gt 0 ] && printf "%-14s %10s %10s %10s %12s %12s\n" "runtime" "bare s" "lrec s" "perf s" "lrec slowdown" "perf slowdown"
 for case in "${CASES[@]}"; do
   IFS='|' read -r label cmd rounds <<<"$case"
   : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/perf.t"
@@ -130,4 +131,28 @@ for case in "${CASES[@]}"; do
   awk -v m="$label" -v b="$b" -v l="$l" -v p="$p" 'BEGIN {
     printf "%-14s %10.3f %10.3f %10.3f %11.1f%% %11.1f%%\n", m, b, l, p, 100 * (l / b - 1), 100 * (p / b - 1) }'
 done
+
+# 4. Off-CPU overhead (issue 10): fixtures/build/pingpong, two threads passing a byte over
+#    pipes (> 50 k context switches/s, each block far shorter than --off-cpu-min), a fixed
+#    number of rounds: bare, under `lrec` (CPU samples only) and under `lrec --off-cpu`,
+#    both at their defaults, alternating, whole-command wall time, median of $OFF_RUNS; then
+#    what lrec --off-cpu counted and recorded, and its BPF programs' cost.
+OFF_RUNS=${OFF_RUNS:-5}
+ROUNDS=${ROUNDS:-600000}
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = offcpu ]; then
+  : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/off.t"
+  for _ in $(seq "$OFF_RUNS"); do
+    wall fixtures/build/pingpong "$ROUNDS" >>"$OUT/bare.t"
+    wall ./target/release/lrec -q -o "$OUT/pp.lrec" -- fixtures/build/pingpong "$ROUNDS" >>"$OUT/lrec.t"
+    wall ./target/release/lrec -q --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$ROUNDS" >>"$OUT/off.t"
+  done
+  b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); o=$(median <"$OUT/off.t")
+  rate=$(fixtures/build/pingpong 100000 | grep -o '([0-9]*/s)')
+  echo
+  printf "Off-CPU overhead: fixtures/build/pingpong %d rounds, context switches %s, %d runs each, alternating, median wall time\n" "$ROUNDS" "$rate" "$OFF_RUNS"
+  awk -v b="$b" -v l="$l" -v o="$o" 'BEGIN {
+    printf "%-22s %10s %10s %10s %14s %14s\n", "", "bare s", "lrec s", "--off-cpu s", "lrec slowdown", "--off-cpu slowdown"
+    printf "%-22s %10.3f %10.3f %10.3f %13.1f%% %13.1f%%\n", "pingpong", b, l, o, 100 * (l / b - 1), 100 * (o / b - 1) }'
+  ./target/release/lrec --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$ROUNDS" 2>&1 >/dev/null | grep -E 'off-CPU|BPF' || true
+fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

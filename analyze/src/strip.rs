@@ -235,6 +235,7 @@ mod tests {
             kernel_mode: true,
             vm_state: Some(-3),
             jit_mapped: Some(false),
+            kind: crate::SampleKind::Cpu,
         };
         assert_eq!(profile_sample(resolved_sample(&sample)), sample);
     }

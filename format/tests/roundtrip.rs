@@ -86,7 +86,7 @@ fn visiting_borrows_samples_and_skips_unwanted_kinds() {
             |k| k == kind::SAMPLE,
             |r| match r {
                 RecordRef::Sample(s) => seen.push(Record::Sample(s.to_owned())),
-                RecordRef::Other(r) => panic!("unwanted record visited: {r:?}"),
+                other => panic!("unwanted record visited: {other:?}"),
             },
         );
         assert!(w.is_empty());

@@ -24,7 +24,7 @@ use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
 mod ending;
 use crate::{Args, DebugMode};
-use ending::Kallsyms;
+use ending::{Kallsyms, OffCpuSummary};
 use lrec_format::elf::{self, DebugInfo};
 
 /// How often buffered samples are written out as a chunk: at most this much is lost if
@@ -331,6 +331,7 @@ struct Recording {
     samples: u64,
     /// Threads first seen less than [`YOUNG_THREAD`] ago: (pid, tid, when).
     young: Vec<(u32, u32, Instant)>,
+    off_cpu_summary: Option<OffCpuSummary>,
     /// Off-CPU intervals recorded with stacks, and thread-state samples taken.
     off_cpu: u64,
     state_samples: u64,
@@ -358,6 +359,7 @@ impl Recording {
             kallsyms: Kallsyms::load(),
             samples: 0,
             young: Vec::new(),
+            off_cpu_summary: None,
             off_cpu: 0,
             state_samples: 0,
             lost: 0,
@@ -466,6 +468,20 @@ impl Recording {
             })
             .collect();
         threads.sort_by_key(|t| (t.pid, t.tid));
+        let mut sum = OffCpuSummary {
+            recorded: self.off_cpu,
+            min_ns,
+            ..OffCpuSummary::default()
+        };
+        for t in &threads {
+            sum.short_count += t.short_count;
+            sum.short_ns += t.short_ns;
+            sum.runnable_count += t.runnable_count;
+            sum.runnable_ns += t.runnable_ns;
+            sum.unpaired_count += t.unpaired_count;
+            sum.unpaired_ns += t.unpaired_ns;
+        }
+        self.off_cpu_summary = Some(sum);
         self.writer
             .push(&Record::OffCpuTotals(OffCpuTotals { min_ns, threads }))?;
         Ok(())

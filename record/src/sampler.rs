@@ -301,12 +301,16 @@ impl Sampler {
         }
     }
 
-    /// The sampling program's runs and total run time so far, when the kernel counts
-    /// them (`sysctl kernel.bpf_stats_enabled=1`).
-    pub fn bpf_cost(&self) -> Option<(u64, Duration)> {
-        let prog: &PerfEvent = self.ebpf.program("sample")?.try_into().ok()?;
-        let info = prog.info().ok()?;
-        (info.run_count() > 0).then(|| (info.run_count(), info.run_time()))
+    /// Per BPF program that ran (the sampler first), its runs and total run time so far,
+    /// when the kernel counts them (`sysctl kernel.bpf_stats_enabled=1`).
+    pub fn bpf_cost(&self) -> Vec<(&'static str, u64, Duration)> {
+        ["sample", "on_switch", "on_sys_exit", "on_sys_enter"]
+            .into_iter()
+            .filter_map(|name| {
+                let info = self.ebpf.program(name)?.info().ok()?;
+                (info.run_count() > 0).then(|| (name, info.run_count(), info.run_time()))
+            })
+            .collect()
     }
 
     /// Every recorded thread's state now, as `struct lrec_thread_state` records (empty

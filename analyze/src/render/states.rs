@@ -230,3 +230,101 @@ fn csv(v: &str) -> String {
         v.to_string()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::test_util::sample;
+    use crate::{Frame, Mode, Thread};
+
+    /// Two snapshots of two threads: a sleeper in clock_nanosleep (kernel stack
+    /// `hrtimer_nanosleep` under the scheduler) and a spinner on a CPU.
+    fn profile() -> Profile {
+        let frames = vec![
+            Frame::named("nap", None, FrameKind::User),
+            Frame::named("hrtimer_nanosleep", None, FrameKind::Kernel),
+            Frame::named("do_nanosleep", None, FrameKind::Kernel),
+            Frame::named("schedule", None, FrameKind::Kernel),
+        ];
+        let sleeping = ThreadState {
+            state: 'S',
+            on_cpu: false,
+            syscall: Some(230),
+            syscall_ns: Some(2_000_000),
+        };
+        let running = ThreadState {
+            state: 'R',
+            on_cpu: true,
+            ..ThreadState::default()
+        };
+        let mut samples = Vec::new();
+        for t in [1_000, 2_000] {
+            let mut s = sample((1, 1, 0), t, &[0, 1, 2, 3], false);
+            s.kind = SampleKind::State(sleeping);
+            samples.push(s);
+            let mut s = sample((1, 2, 1), t, &[], false);
+            s.kind = SampleKind::State(running);
+            samples.push(s);
+        }
+        let thread = |tid, name: &str| Thread {
+            pid: 1,
+            tid,
+            name: name.into(),
+            samples: 2,
+        };
+        Profile {
+            samples,
+            frames,
+            threads: vec![thread(1, "sleeper"), thread(2, "spin,ner")],
+            mode: Mode::States,
+            ..Profile::default()
+        }
+    }
+
+    #[test]
+    fn groups_average_threads_with_wait_channel_outside_the_scheduler() {
+        let mut out = Vec::new();
+        let keys = [
+            StateKey::Comm,
+            StateKey::State,
+            StateKey::Syscall,
+            StateKey::Wchan,
+        ];
+        write_states(&profile(), &keys, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("2 thread-state samples"), "{text}");
+        assert!(
+            text.contains("1.00  50.0%  sleeper   sleeping  clock_nanosleep  hrtimer_nanosleep"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1.00  50.0%  spin,ner  running   -"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn csv_has_a_row_per_thread_per_sample_and_quotes_commas() {
+        let mut out = Vec::new();
+        write_states_csv(&profile(), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 5, "{text}");
+        assert_eq!(
+            lines[1],
+            "0.000001,1,1,sleeper,sleeping,false,clock_nanosleep,2.000,hrtimer_nanosleep,nap"
+        );
+        assert!(
+            lines[2].contains(",\"spin,ner\",running,true,-,,-,-"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_capture_without_states_says_how_to_record_them() {
+        let mut p = profile();
+        p.samples.clear();
+        let err = write_states(&p, &[StateKey::State], &mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("lrec --states"));
+    }
+}

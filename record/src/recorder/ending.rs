@@ -19,6 +19,42 @@ pub struct Summary {
     pub lost: u64,
     pub threads: usize,
     pub bytes: u64,
+    /// `--off-cpu`: what was recorded and counted.
+    pub off_cpu: Option<OffCpuSummary>,
+    /// `--states`: thread-state samples taken.
+    pub state_samples: u64,
+}
+
+/// The off-CPU intervals of a recording.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OffCpuSummary {
+    pub recorded: u64,
+    pub min_ns: u64,
+    pub short_count: u64,
+    pub short_ns: u64,
+    pub runnable_count: u64,
+    pub runnable_ns: u64,
+    pub unpaired_count: u64,
+    pub unpaired_ns: u64,
+}
+
+impl OffCpuSummary {
+    fn print(&self) {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        eprintln!(
+            "lrec: off-CPU: {} blocked intervals recorded with stacks; counted without: {} \
+             shorter than {:.3} ms ({:.1} ms), {} waits for a CPU ({:.1} ms), {} whose stack \
+             was gone ({:.1} ms)",
+            self.recorded,
+            self.short_count,
+            ms(self.min_ns),
+            ms(self.short_ns),
+            self.runnable_count,
+            ms(self.runnable_ns),
+            self.unpaired_count,
+            ms(self.unpaired_ns),
+        );
+    }
 }
 
 impl Summary {
@@ -27,9 +63,18 @@ impl Summary {
         elapsed: Duration,
         reason: &str,
         output: &Path,
-        bpf_cost: Option<(u64, Duration)>,
+        bpf_cost: Vec<(&str, u64, Duration)>,
     ) {
         print_totals(self.samples, self.lost, self.threads, elapsed, reason);
+        if let Some(o) = &self.off_cpu {
+            o.print();
+        }
+        if self.state_samples > 0 {
+            eprintln!(
+                "lrec: {} thread-state samples (lanalyze --states)",
+                self.state_samples
+            );
+        }
         eprintln!(
             "lrec: wrote {} ({}, {} B/sample)",
             output.display(),
@@ -37,10 +82,13 @@ impl Summary {
             self.bytes.checked_div(self.samples).unwrap_or(0),
         );
         print_next(output);
-        if let Some((runs, time)) = bpf_cost {
+        for (name, runs, time) in bpf_cost {
+            let name = if name == "sample" { "sampler" } else { name };
             eprintln!(
-                "lrec: BPF sampler: {runs} runs, {:.1} us per run (kernel.bpf_stats_enabled)",
-                time.as_nanos() as f64 / runs as f64 / 1000.0
+                "lrec: BPF {name}: {runs} runs, {:.2} us per run, {:.3} s in all \
+                 (kernel.bpf_stats_enabled)",
+                time.as_nanos() as f64 / runs as f64 / 1000.0,
+                time.as_secs_f64()
             );
         }
     }
@@ -191,6 +239,8 @@ impl Recording {
             lost: self.lost,
             threads,
             bytes,
+            off_cpu: self.off_cpu_summary,
+            state_samples: self.state_samples,
         })
     }
 }
