@@ -8,24 +8,23 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lrec_format::{
-    Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, OffCpuTotals, Record, ThreadName,
-    ThreadOffCpuTotals, ThreadStates,
-};
+use lrec_format::{Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName};
 
 use crate::embedder::{Embedder, Job};
 use crate::flight::Flight;
 use crate::lua::{LuaVms, VmCode};
 use crate::output::{self, Output, WriteFailed};
 use crate::procfs::{self, MapsEntry};
-use crate::raw::{Decoded, RawSample, RawThreadState, RawThreadTotals};
+use crate::raw::{Decoded, RawSample};
 use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
 mod ending;
+mod threads;
 use crate::{Args, DebugMode};
 use ending::{Kallsyms, OffCpuSummary};
 use lrec_format::elf::{self, DebugInfo};
+use threads::Jitter;
 
 /// How often buffered samples are written out as a chunk: at most this much is lost if
 /// lrec is killed.
@@ -237,23 +236,6 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     Ok(sampler)
 }
 
-/// A small xorshift generator: randomness for timing, not for secrets.
-struct Jitter(u64);
-
-impl Jitter {
-    fn seeded() -> Jitter {
-        Jitter(procfs::monotonic_ns() | 1)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_unit(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
 fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     let mut failure = None;
@@ -435,58 +417,6 @@ impl Recording {
         Ok(())
     }
 
-    /// One read of the thread-state iterator (`--states`).
-    fn on_states(&mut self, bytes: &[u8]) -> Result<()> {
-        let states = RawThreadState::decode_all(bytes)?;
-        let Some(time_ns) = states.iter().map(|(t, _)| *t).min() else {
-            return Ok(());
-        };
-        for (_, t) in &states {
-            self.note_sampled(t.pid, t.tid, 0)?;
-            self.kernel_addrs.extend(&t.kernel_stack);
-        }
-        self.state_samples += 1;
-        let threads = states.into_iter().map(|(_, t)| t).collect();
-        self.writer
-            .push(&Record::ThreadStates(ThreadStates { time_ns, threads }))?;
-        Ok(())
-    }
-
-    /// What `--off-cpu` counted without stacks, per thread.
-    fn off_cpu_totals(&mut self, min_ns: u64, totals: Vec<(u32, RawThreadTotals)>) -> Result<()> {
-        let mut threads: Vec<ThreadOffCpuTotals> = totals
-            .into_iter()
-            .map(|(tid, t)| ThreadOffCpuTotals {
-                pid: t.pid,
-                tid,
-                short_count: t.short_count,
-                short_ns: t.short_ns,
-                runnable_count: t.runnable_count,
-                runnable_ns: t.runnable_ns,
-                unpaired_count: t.unpaired_count,
-                unpaired_ns: t.unpaired_ns,
-            })
-            .collect();
-        threads.sort_by_key(|t| (t.pid, t.tid));
-        let mut sum = OffCpuSummary {
-            recorded: self.off_cpu,
-            min_ns,
-            ..OffCpuSummary::default()
-        };
-        for t in &threads {
-            sum.short_count += t.short_count;
-            sum.short_ns += t.short_ns;
-            sum.runnable_count += t.runnable_count;
-            sum.runnable_ns += t.runnable_ns;
-            sum.unpaired_count += t.unpaired_count;
-            sum.unpaired_ns += t.unpaired_ns;
-        }
-        self.off_cpu_summary = Some(sum);
-        self.writer
-            .push(&Record::OffCpuTotals(OffCpuTotals { min_ns, threads }))?;
-        Ok(())
-    }
-
     fn note_thread(&mut self, pid: u32, tid: u32) -> Result<()> {
         let name = procfs::thread_name(pid, tid).unwrap_or_default();
         if let Some(p) = self.procs.get_mut(&pid) {
@@ -496,37 +426,6 @@ impl Recording {
         if !name.is_empty() {
             self.writer
                 .push(&Record::ThreadName(ThreadName { pid, tid, name }))?;
-        }
-        Ok(())
-    }
-
-    /// Threads rename themselves right after they start (prctl, as thread pools do),
-    /// often after lrec first read their name: threads seen in the last second are read
-    /// again, and a new name is recorded (the latest one counts).
-    fn rename_young_threads(&mut self) -> Result<()> {
-        self.young
-            .retain(|(_, _, seen)| seen.elapsed() < YOUNG_THREAD);
-        let mut renamed = Vec::new();
-        for &(pid, tid, _) in &self.young {
-            let Some(name) = self
-                .procs
-                .get_mut(&pid)
-                .and_then(|p| p.threads.get_mut(&tid))
-            else {
-                continue;
-            };
-            if let Some(now) = procfs::thread_name(pid, tid).filter(|n| !n.is_empty() && n != name)
-            {
-                name.clone_from(&now);
-                renamed.push(ThreadName {
-                    pid,
-                    tid,
-                    name: now,
-                });
-            }
-        }
-        for r in renamed {
-            self.writer.push(&Record::ThreadName(r))?;
         }
         Ok(())
     }

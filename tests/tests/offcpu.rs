@@ -145,6 +145,9 @@ fn off_cpu_time_and_thread_states_match_the_truth() {
             "{comm} {what}: {got:.1} % vs {want:.1} %\n{table}"
         );
     }
-    let running = share("spinner", "running");
-    assert!(running >= 80.0, "spinner running {running:.1} %\n{table}");
+    // State R, on a CPU or waiting for one (on a quiet machine ~99 % running; under a
+    // parallel build two thirds runnable): never blocked.
+    let (running, runnable) = (share("spinner", "running"), share("spinner", "runnable"));
+    eprintln!("spinner: running {running:.1} %, runnable {runnable:.1} %");
+    assert!(running + runnable >= 99.0, "\n{table}");
 }
