@@ -26,33 +26,30 @@ pub struct Summary {
 }
 
 /// The off-CPU intervals of a recording.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OffCpuSummary {
     pub recorded: u64,
     pub min_ns: u64,
-    pub short_count: u64,
-    pub short_ns: u64,
-    pub runnable_count: u64,
-    pub runnable_ns: u64,
-    pub unpaired_count: u64,
-    pub unpaired_ns: u64,
+    /// What was counted without stacks, summed over the threads.
+    pub counted: lrec_format::ThreadOffCpuTotals,
 }
 
 impl OffCpuSummary {
     fn print(&self) {
         let ms = |ns: u64| ns as f64 / 1e6;
+        let c = &self.counted;
         eprintln!(
             "lrec: off-CPU: {} blocked intervals recorded with stacks; counted without: {} \
              shorter than {:.3} ms ({:.1} ms), {} waits for a CPU ({:.1} ms), {} whose stack \
              was gone ({:.1} ms)",
             self.recorded,
-            self.short_count,
+            c.short_count,
             ms(self.min_ns),
-            ms(self.short_ns),
-            self.runnable_count,
-            ms(self.runnable_ns),
-            self.unpaired_count,
-            ms(self.unpaired_ns),
+            ms(c.short_ns),
+            c.runnable_count,
+            ms(c.runnable_ns),
+            c.unpaired_count,
+            ms(c.unpaired_ns),
         );
     }
 }
@@ -239,7 +236,7 @@ impl Recording {
             lost: self.lost,
             threads,
             bytes,
-            off_cpu: self.off_cpu_summary,
+            off_cpu: self.off_cpu_summary.take(),
             state_samples: self.state_samples,
         })
     }

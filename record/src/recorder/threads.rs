@@ -69,13 +69,14 @@ impl Recording {
             min_ns,
             ..OffCpuSummary::default()
         };
+        let c = &mut sum.counted;
         for t in &threads {
-            sum.short_count += t.short_count;
-            sum.short_ns += t.short_ns;
-            sum.runnable_count += t.runnable_count;
-            sum.runnable_ns += t.runnable_ns;
-            sum.unpaired_count += t.unpaired_count;
-            sum.unpaired_ns += t.unpaired_ns;
+            c.short_count += t.short_count;
+            c.short_ns += t.short_ns;
+            c.runnable_count += t.runnable_count;
+            c.runnable_ns += t.runnable_ns;
+            c.unpaired_count += t.unpaired_count;
+            c.unpaired_ns += t.unpaired_ns;
         }
         self.off_cpu_summary = Some(sum);
         self.writer
