@@ -72,7 +72,7 @@ static __always_inline struct lrec_thread_totals *totals(__u32 tid, __u32 pid)
 	struct lrec_thread_totals *t = bpf_map_lookup_elem(&thread_totals, &tid);
 	if (t)
 		return t;
-	struct lrec_thread_totals zero = { .pid = pid };
+	struct lrec_thread_totals zero = { .pid = pid, .tid = tid };
 	bpf_map_update_elem(&thread_totals, &tid, &zero, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&thread_totals, &tid);
 }
@@ -151,10 +151,18 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 {
 	__u32 ptgid = BPF_CORE_READ((struct task_struct___lrec *)prev, tgid);
 	__u32 ntgid = BPF_CORE_READ((struct task_struct___lrec *)next, tgid);
-	if (bpf_map_lookup_elem(&targets, &ptgid))
-		switch_out(prev, ptgid, preempt, prev_state, bpf_ktime_get_ns());
-	if (bpf_map_lookup_elem(&targets, &ntgid))
-		switch_in(next, ntgid, bpf_ktime_get_ns());
+	/* One clock read for both sides. (Two branches on the lookups: clang would OR the
+	 * pointers of a combined test, which the verifier refuses.) */
+	__u64 now = 0;
+	if (bpf_map_lookup_elem(&targets, &ptgid)) {
+		now = bpf_ktime_get_ns();
+		switch_out(prev, ptgid, preempt, prev_state, now);
+	}
+	if (bpf_map_lookup_elem(&targets, &ntgid)) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		switch_in(next, ntgid, now);
+	}
 	return 0;
 }
 

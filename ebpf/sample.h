@@ -48,10 +48,11 @@ struct lrec_sample {
 /* ---- Off-CPU and thread states ------------------------------------------------------ */
 
 /* What lrec keeps per recorded thread (in the thread_totals map, by tid): the intervals
- * off CPU that were counted rather than recorded with a stack. */
+ * off CPU that were counted rather than recorded with a stack. The layout of the format's
+ * ThreadOffCpuTotals (#[repr(C)]), read as is. */
 struct lrec_thread_totals {
 	__u32 pid;
-	__u32 pad;
+	__u32 tid;
 	__u64 short_count; /* blocked for less than off_cpu_min */
 	__u64 short_ns;
 	__u64 runnable_count; /* preempted: waiting for a CPU, not blocked */

@@ -16,7 +16,7 @@ use crate::address_space::{build_process_maps, AddressSpace, ProcessMaps};
 use crate::image::Image;
 use crate::lua::{self, luajit, Merged};
 use crate::metadata::{read_metadata, BinaryKey, Metadata};
-use crate::profile::{Mode, OffCpu, Profile, SampleKind, ThreadState, Warning};
+use crate::profile::{Mode, OffCpu, Profile, SampleKind, Wait, Warning};
 use crate::symbolize::{FunctionAt, ImageSymbolizer, KernelSymbolizer};
 use crate::unwind::{unwind_user, CodeAddress, StackEnd, UnwindCache, VmHint};
 use crate::{AnalyzeError, BinaryLocator, Options, Wanted};
@@ -80,6 +80,34 @@ pub(crate) struct UnwoundSample {
     pub(crate) kind: SampleKind,
 }
 
+impl UnwoundSample {
+    /// A sample of `kind` with only the frames given (no unwinding: a user leaf, if any,
+    /// and a kernel stack).
+    pub(crate) fn unwalked(
+        time_ns: u64,
+        pid: u32,
+        tid: u32,
+        user: Vec<u32>,
+        kernel: Vec<u64>,
+        kind: SampleKind,
+    ) -> UnwoundSample {
+        UnwoundSample {
+            time_ns,
+            pid,
+            tid,
+            user,
+            kernel_mode: !kernel.is_empty(),
+            kernel,
+            end: StackEnd::Complete,
+            no_mappings: false,
+            without_unwind_info: Vec::new(),
+            vm_state: None,
+            jit_mapped: None,
+            kind,
+        }
+    }
+}
+
 /// Gives each distinct value a dense 4-byte index, in first-seen order: samples hold
 /// indices, so each frame is hashed once and stored once.
 pub(crate) struct Interner<T> {
@@ -109,7 +137,7 @@ impl<T: Hash + Eq + Clone> Interner<T> {
 }
 
 /// The distinct user frames of one chunk.
-type ChunkFrames = Interner<UserFrame>;
+pub(crate) type ChunkFrames = Interner<UserFrame>;
 
 /// The unwound samples of one chunk.
 pub(crate) struct UnwoundChunk {
@@ -196,7 +224,7 @@ pub fn run(
                         let interval = OffCpu {
                             start_ns: o.start_ns,
                             duration_ns: o.duration_ns,
-                            state: task_state_letter(o.state, 0),
+                            wait: Wait::Blocked(task_state_letter(o.state, 0)),
                         };
                         unwind(
                             o.sample,
@@ -215,10 +243,10 @@ pub fn run(
         })
         .collect();
     if off {
-        unwound.push(unstacked_off_cpu(&meta, opts, &mut warnings));
+        unwound.push(crate::waits::unstacked_off_cpu(&meta, opts, &mut warnings));
     }
     if opts.mode == Mode::States {
-        unwound.push(state_samples(&meta, &maps, opts));
+        unwound.push(crate::waits::state_samples(&meta, &maps, opts));
     }
 
     // Symbolization and assembly work per distinct address, not per frame of each sample.
@@ -228,132 +256,6 @@ pub fn run(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     ))
 }
-
-/// Time off CPU that lrec counted per thread without a stack, as samples without frames
-/// (their leaf marks what they are). Not time-resolved: left out of a `--time` window.
-fn unstacked_off_cpu(
-    meta: &Metadata,
-    opts: &Options,
-    warnings: &mut WarningCounter,
-) -> UnwoundChunk {
-    let mut samples = Vec::new();
-    let Some(totals) = &meta.off_cpu_totals else {
-        return UnwoundChunk {
-            frames: Vec::new(),
-            samples,
-        };
-    };
-    if opts.time.is_some() {
-        warnings.add(
-            "off-CPU time counted without stacks (short blocks, waits for a CPU) is not \
-             time-stamped: left out of the --time window"
-                .into(),
-        );
-    }
-    let end = meta.end.as_ref().map_or(0, |e| e.time_ns);
-    for t in totals
-        .threads
-        .iter()
-        .filter(|t| opts.keeps(0, t.pid, t.tid, 0) && opts.time.is_none())
-    {
-        for (ns, state) in [
-            (t.short_ns, SHORT_OFF_CPU),
-            (t.runnable_ns, 'R'),
-            (t.unpaired_ns, UNPAIRED_OFF_CPU),
-        ] {
-            if ns > 0 {
-                samples.push(UnwoundSample {
-                    time_ns: end,
-                    pid: t.pid,
-                    tid: t.tid,
-                    user: Vec::new(),
-                    kernel: Vec::new(),
-                    end: StackEnd::Complete,
-                    kernel_mode: false,
-                    no_mappings: false,
-                    without_unwind_info: Vec::new(),
-                    vm_state: None,
-                    jit_mapped: None,
-                    kind: SampleKind::OffCpu(OffCpu {
-                        start_ns: end,
-                        duration_ns: ns,
-                        state,
-                    }),
-                });
-            }
-        }
-    }
-    UnwoundChunk {
-        frames: Vec::new(),
-        samples,
-    }
-}
-
-/// Each thread of each thread-state sample, as a sample whose frames are its user code's
-/// location (while it is in the kernel) and its kernel stack.
-fn state_samples(
-    meta: &Metadata,
-    maps: &HashMap<u32, ProcessMaps>,
-    opts: &Options,
-) -> UnwoundChunk {
-    let start = meta.header.as_ref().map_or(0, |h| h.monotonic_start_ns);
-    let mut frames = ChunkFrames::default();
-    let mut samples = Vec::new();
-    for snapshot in &meta.thread_states {
-        for t in &snapshot.threads {
-            if !opts.keeps(start, t.pid, t.tid, snapshot.time_ns) {
-                continue;
-            }
-            let state = task_state_letter(t.state, t.exit_state);
-            // While a thread runs user code its saved registers are stale.
-            let in_kernel = !(t.on_cpu && t.syscall.is_none());
-            let space = maps.get(&t.pid).and_then(|m| m.at(snapshot.time_ns));
-            let user = match space {
-                Some(space) if in_kernel && t.user_ip != 0 => {
-                    let address = CodeAddress {
-                        avma: t.user_ip,
-                        is_return: false,
-                        region: space.region_index(t.user_ip),
-                        sp: 0,
-                        vm_work: false,
-                    };
-                    vec![frames.id(locate(space, &address))]
-                }
-                _ => Vec::new(),
-            };
-            samples.push(UnwoundSample {
-                time_ns: snapshot.time_ns,
-                pid: t.pid,
-                tid: t.tid,
-                user,
-                kernel: t.kernel_stack.clone(),
-                end: StackEnd::Complete,
-                kernel_mode: !t.kernel_stack.is_empty(),
-                no_mappings: false,
-                without_unwind_info: Vec::new(),
-                vm_state: None,
-                jit_mapped: None,
-                kind: SampleKind::State(ThreadState {
-                    state,
-                    on_cpu: t.on_cpu,
-                    syscall: t.syscall,
-                    syscall_ns: t
-                        .syscall
-                        .map(|_| snapshot.time_ns.saturating_sub(t.syscall_since_ns)),
-                }),
-            });
-        }
-    }
-    UnwoundChunk {
-        frames: frames.list,
-        samples,
-    }
-}
-
-/// [`OffCpu::state`] of blocked time counted because it was shorter than the minimum.
-pub(crate) const SHORT_OFF_CPU: char = '<';
-/// [`OffCpu::state`] of blocked time whose stack lrec could not take.
-pub(crate) const UNPAIRED_OFF_CPU: char = '?';
 
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
 /// scheduling), with each chunk's local frame indices mapped to indices into `user`.
@@ -485,28 +387,26 @@ fn unwind_sample(
 ) -> UnwoundSample {
     let space = maps.and_then(|m| m.at(s.time_ns));
     let no_regs = s.flags & sample_flags::NO_USER_REGS != 0 || s.regs.ip == 0;
-    let mut out = UnwoundSample {
-        time_ns: s.time_ns,
-        pid: s.pid,
-        tid: s.tid,
-        user: Vec::new(),
-        kernel_mode: s.flags & sample_flags::KERNEL_MODE != 0 || !s.kernel_stack.is_empty(),
-        kernel: s.kernel_stack,
-        end: StackEnd::Complete,
-        no_mappings: false,
-        without_unwind_info: Vec::new(),
-        vm_state: lua.map(|(l, _)| l.vmstate),
-        kind: SampleKind::Cpu,
-        jit_mapped: lua.and_then(|(l, _)| {
-            if l.flags & lua_flags::JIT_MAPPED != 0 {
-                Some(true)
-            } else if l.flags & lua_flags::JIT_UNMAPPED != 0 {
-                Some(false)
-            } else {
-                None
-            }
-        }),
-    };
+    let kernel_mode = s.flags & sample_flags::KERNEL_MODE != 0;
+    let mut out = UnwoundSample::unwalked(
+        s.time_ns,
+        s.pid,
+        s.tid,
+        Vec::new(),
+        s.kernel_stack,
+        SampleKind::Cpu,
+    );
+    out.kernel_mode |= kernel_mode;
+    out.vm_state = lua.map(|(l, _)| l.vmstate);
+    out.jit_mapped = lua.and_then(|(l, _)| {
+        if l.flags & lua_flags::JIT_MAPPED != 0 {
+            Some(true)
+        } else if l.flags & lua_flags::JIT_UNMAPPED != 0 {
+            Some(false)
+        } else {
+            None
+        }
+    });
     // The Lua VM the sample ran in, if its runtime is known.
     let lua = lua.and_then(|(l, meta)| Some((l, meta, meta.lua_runtimes.get(&s.pid)?)));
     match space {
@@ -586,7 +486,7 @@ fn unwind_sample(
     out
 }
 
-fn locate(space: &AddressSpace, address: &CodeAddress) -> UserFrame {
+pub(crate) fn locate(space: &AddressSpace, address: &CodeAddress) -> UserFrame {
     let Some(r) = address.region.map(|i| space.region_at(i)) else {
         return UserFrame::Unmapped;
     };

@@ -8,17 +8,17 @@ use rustc_hash::FxHashMap;
 
 use crate::analysis::{
     DistinctFrames, Interner, Names, UnwoundChunk, UserFrame, WarningCounter, WithoutUnwindInfo,
-    SHORT_OFF_CPU, UNPAIRED_OFF_CPU,
 };
 use crate::image::{basename, Image};
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
     BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
-    SampleKind, Stats, Thread,
+    SampleKind, Stats, Thread, Wait,
 };
 use crate::symbolize::KernelSymbolizer;
 use crate::unwind::StackEnd;
+use crate::waits::wait_frame;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn assemble(
@@ -48,17 +48,17 @@ pub(crate) fn assemble(
         .map(|&(addr, leaf)| ((addr, leaf), frames.id(kernel_frame(addr, leaf, kernel))))
         .collect();
     let min_ns = meta.off_cpu_totals.as_ref().map_or(0, |t| t.min_ns);
-    let wait_ids: FxHashMap<char, FrameId> = unwound
+    let wait_ids: FxHashMap<Wait, FrameId> = unwound
         .iter()
         .flat_map(|c| c.samples.iter())
         .filter_map(|s| match s.kind {
             SampleKind::OffCpu(o) => Some(o),
             _ => None,
         })
-        .map(|o| o.state)
-        .collect::<BTreeSet<char>>()
+        .map(|o| o.wait)
+        .collect::<BTreeSet<Wait>>()
         .into_iter()
-        .map(|state| (state, frames.id(wait_frame(state, min_ns))))
+        .map(|wait| (wait, frames.id(wait_frame(wait, min_ns))))
         .collect();
     let mut samples: Vec<ProfileSample> = unwound
         .par_iter()
@@ -73,7 +73,7 @@ pub(crate) fn assemble(
                 ids.push(kernel_ids[&(addr, i == 0)]);
             }
             if let SampleKind::OffCpu(o) = s.kind {
-                ids.push(wait_ids[&o.state]);
+                ids.push(wait_ids[&o.wait]);
             }
             ProfileSample {
                 time_ns: s.time_ns,
@@ -242,25 +242,6 @@ fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
         None,
         FrameKind::Kernel,
     )
-}
-
-/// The leaf that marks time off CPU in `state` (a `ps` letter, or what lrec counted
-/// without a stack).
-pub(crate) fn wait_frame(state: char, min_ns: u64) -> Frame {
-    let name = match state {
-        'S' => "[sleeping]".to_string(),
-        'D' => "[disk sleep]".to_string(),
-        'I' => "[idle]".to_string(),
-        'T' | 't' => "[stopped]".to_string(),
-        'R' => "[runnable: waiting for a CPU]".to_string(),
-        SHORT_OFF_CPU => format!(
-            "[off-CPU < {}, not recorded]",
-            crate::render::format_duration(min_ns)
-        ),
-        UNPAIRED_OFF_CPU => "[off-CPU, stack not taken]".to_string(),
-        other => format!("[off-CPU: {other}]"),
-    };
-    Frame::named(name, None, FrameKind::Wait)
 }
 
 /// The frames (outermost first) for one located user address.

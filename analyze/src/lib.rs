@@ -22,12 +22,13 @@ mod symbolize;
 mod symbols;
 mod syscalls;
 mod unwind;
+mod waits;
 
 use lrec_format::{Binary, Capture};
 
 pub use profile::{
     BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Mode, Naming, OffCpu, Profile,
-    ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Warning,
+    ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Wait, Warning,
 };
 
 /// What [`analyze`] should do.

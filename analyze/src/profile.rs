@@ -146,12 +146,24 @@ pub struct ThreadState {
 }
 
 /// A stretch of time a thread spent off CPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpu {
     pub start_ns: u64,
     pub duration_ns: u64,
-    /// `ps`'s letter for the state it left the CPU in (`S`, `D`, …; `R`: runnable).
-    pub state: char,
+    pub wait: Wait,
+}
+
+/// What a thread's time off CPU was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Wait {
+    /// Blocked, in this state (`ps`'s letter: `S`, `D`, …), with its stacks recorded.
+    Blocked(char),
+    /// Preempted: runnable, waiting for a CPU (counted per thread, no stack).
+    Runnable,
+    /// Blocked for less than `lrec --off-cpu-min` (counted per thread, no stack).
+    Short,
+    /// Blocked, but the thread ran user code before lrec could take its stack (counted).
+    Unpaired,
 }
 
 /// Which samples a profile holds, and what they weigh.
@@ -166,6 +178,13 @@ pub enum Mode {
     Wall,
     /// Thread-state samples, one each.
     States,
+}
+
+impl Mode {
+    /// Samples weigh time (microseconds), not one each.
+    pub fn is_timed(self) -> bool {
+        matches!(self, Mode::OffCpu | Mode::Wall)
+    }
 }
 
 impl ProfileSample {
@@ -273,8 +292,8 @@ impl Profile {
     /// What `sample` weighs: 1 for CPU samples in a CPU profile; microseconds in an
     /// off-CPU or wall-clock profile (a CPU sample stands for its sampling period).
     pub fn weight(&self, sample: &ProfileSample) -> u64 {
-        match (self.mode, sample.off_cpu()) {
-            (Mode::Cpu | Mode::States, _) => 1,
+        match (self.mode.is_timed(), sample.off_cpu()) {
+            (false, _) => 1,
             (_, Some(o)) => o.duration_ns.div_ceil(1000),
             (_, None) => crate::render::period_ns(self.header.frequency_hz)
                 .map_or(1, |ns| (ns / 1000.0).round() as u64),
@@ -283,17 +302,17 @@ impl Profile {
 
     /// The sum of all samples' weights.
     pub fn total_weight(&self) -> u64 {
-        match self.mode {
-            Mode::Cpu | Mode::States => self.samples.len() as u64,
-            _ => self.samples.iter().map(|s| self.weight(s)).sum(),
+        match self.mode.is_timed() {
+            false => self.samples.len() as u64,
+            true => self.samples.iter().map(|s| self.weight(s)).sum(),
         }
     }
 
     /// What weights count: `samples` or `us`.
     pub fn unit(&self) -> &'static str {
-        match self.mode {
-            Mode::Cpu | Mode::States => "samples",
-            _ => "us",
+        match self.mode.is_timed() {
+            false => "samples",
+            true => "us",
         }
     }
 

@@ -327,8 +327,11 @@ pub struct ThreadStates {
     pub threads: Vec<ThreadState>,
 }
 
-/// Off-CPU time one thread spent without a recorded stack.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Off-CPU time one thread spent without a recorded stack. `#[repr(C)]` with the layout of
+/// `struct lrec_thread_totals` in ebpf/sample.h, so lrec reads it from BPF as is (asserted
+/// in record/src/raw.rs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ThreadOffCpuTotals {
     pub pid: u32,
     pub tid: u32,
@@ -342,6 +345,18 @@ pub struct ThreadOffCpuTotals {
     /// fault, or a block outside a system call).
     pub unpaired_count: u64,
     pub unpaired_ns: u64,
+}
+
+impl ThreadOffCpuTotals {
+    /// Adds `other`'s counts and times (not its ids).
+    pub fn add(&mut self, other: &ThreadOffCpuTotals) {
+        self.short_count += other.short_count;
+        self.short_ns += other.short_ns;
+        self.runnable_count += other.runnable_count;
+        self.runnable_ns += other.runnable_ns;
+        self.unpaired_count += other.unpaired_count;
+        self.unpaired_ns += other.unpaired_ns;
+    }
 }
 
 /// What `lrec --off-cpu` counted but did not record with stacks (written at the end).

@@ -1,6 +1,6 @@
 //! Rust mirror of ebpf/sample.h, the one ABI shared with the BPF program.
 
-use lrec_format::{sample_flags, Regs, Sample, ThreadState};
+use lrec_format::{sample_flags, Regs, Sample, ThreadOffCpuTotals, ThreadState};
 
 pub const MAX_STACK: u32 = 64 * 1024;
 pub const MAX_KSTACK: usize = 127;
@@ -39,23 +39,6 @@ pub struct OffInterval {
     pub state: u32,
 }
 
-/// `struct lrec_thread_totals`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RawThreadTotals {
-    pub pid: u32,
-    pub pad: u32,
-    pub short_count: u64,
-    pub short_ns: u64,
-    pub runnable_count: u64,
-    pub runnable_ns: u64,
-    pub unpaired_count: u64,
-    pub unpaired_ns: u64,
-}
-
-// SAFETY: plain old data (a C struct of integers), any bit pattern is valid.
-unsafe impl aya::Pod for RawThreadTotals {}
-
 /// `struct lrec_thread_state`, followed by `kstack_len` kernel addresses.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +56,11 @@ pub struct RawThreadState {
     pub user_sp: u64,
     pub kstack_len: u32,
     pub pad: u32,
+}
+
+/// A `struct lrec_thread_totals` as read from its map.
+pub fn decode_totals(bytes: &[u8; size_of::<ThreadOffCpuTotals>()]) -> ThreadOffCpuTotals {
+    read_pod(bytes, 0).expect("the array has the struct's size")
 }
 
 impl RawThreadState {
@@ -419,7 +407,9 @@ mod tests {
         assert_eq!(offset_of!(RawSample, off_start), 40 + 144 + 8);
         assert_eq!(offset_of!(RawSample, kstack), 40 + 144 + 24);
         assert_eq!(size_of::<RawSample>(), 40 + 144 + 24 + 127 * 8);
-        assert_eq!(size_of::<RawThreadTotals>(), 56);
+        assert_eq!(size_of::<ThreadOffCpuTotals>(), 56);
+        assert_eq!(offset_of!(ThreadOffCpuTotals, tid), 4);
+        assert_eq!(offset_of!(ThreadOffCpuTotals, unpaired_ns), 48);
         assert_eq!(size_of::<RawThreadState>(), 72);
         assert_eq!(offset_of!(RawThreadState, syscall_ns), 32);
         assert_eq!(offset_of!(RawThreadState, kstack_len), 64);

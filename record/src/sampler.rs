@@ -12,7 +12,8 @@ use aya::programs::{BtfTracePoint, Iter, PerfEvent, UProbe};
 use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
 
-use crate::raw::{RawLuaConfig, RawPucConfig, RawThreadTotals};
+use crate::raw::{RawLuaConfig, RawPucConfig};
+use lrec_format::ThreadOffCpuTotals;
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
 static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
@@ -334,14 +335,18 @@ impl Sampler {
     }
 
     /// Per thread, the off-CPU time counted but not recorded with stacks.
-    pub fn off_cpu_totals(&self) -> Vec<(u32, RawThreadTotals)> {
+    pub fn off_cpu_totals(&self) -> Vec<ThreadOffCpuTotals> {
+        const SIZE: usize = std::mem::size_of::<ThreadOffCpuTotals>();
         let Some(map) = self.ebpf.map("thread_totals") else {
             return Vec::new();
         };
-        let Ok(map) = BpfHashMap::<_, u32, RawThreadTotals>::try_from(map) else {
+        let Ok(map) = BpfHashMap::<_, u32, [u8; SIZE]>::try_from(map) else {
             return Vec::new();
         };
-        map.iter().filter_map(Result::ok).collect()
+        map.iter()
+            .filter_map(Result::ok)
+            .map(|(_, v)| crate::raw::decode_totals(&v))
+            .collect()
     }
 
     /// Samples dropped by BPF so far because the ring buffer was full.

@@ -119,7 +119,7 @@ fn encode(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     let samples_type = b.value_type("samples", "count");
     top.message(f::SAMPLE_TYPE, &samples_type);
     // Off-CPU and wall-clock profiles weigh their samples in time.
-    let timed = !matches!(profile.mode, crate::Mode::Cpu | crate::Mode::States);
+    let timed = profile.mode.is_timed();
     let period = if timed { Some(1000) } else { period };
     if let Some(period) = period {
         let time = match profile.mode {

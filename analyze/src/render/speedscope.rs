@@ -67,8 +67,11 @@ pub fn write_speedscope(profile: &Profile, out: &mut dyn Write) -> io::Result<()
 fn file(profile: &Profile) -> File<'_> {
     let (frames, index) = frame_table(profile);
     // Without a frequency a sample weighs 1 of unit "none": a sample count.
-    let (unit, period) = match (profile.mode, super::period_ns(profile.header.frequency_hz)) {
-        (crate::Mode::OffCpu | crate::Mode::Wall, _) => ("microseconds", None),
+    let (unit, period) = match (
+        profile.mode.is_timed(),
+        super::period_ns(profile.header.frequency_hz),
+    ) {
+        (true, _) => ("microseconds", None),
         (_, None) => ("none", Some(1)),
         (_, Some(p)) => ("nanoseconds", Some(p as u64)),
     };

@@ -1,28 +1,51 @@
 //! What lrec records of threads besides samples: their states (`--states`), their
 //! off-CPU time counted without stacks (`--off-cpu`), and their names when they change.
 
+use std::time::{Duration, Instant};
+
 use anyhow::Result;
 use lrec_format::{OffCpuTotals, Record, ThreadName, ThreadOffCpuTotals, ThreadStates};
 
 use super::ending::OffCpuSummary;
 use super::{Recording, YOUNG_THREAD};
 use crate::procfs;
-use crate::raw::{RawThreadState, RawThreadTotals};
+use crate::raw::RawThreadState;
 
-/// A small xorshift generator: randomness for timing, not for secrets.
-pub(super) struct Jitter(u64);
+/// When to read the thread states (`--states HZ`): a period on average, at random within
+/// ±50 %. A fixed rate would lock onto periodic work (the target's timers, lrec's own
+/// wake-ups) and see the same moment of it every time.
+pub(super) struct StatesClock {
+    every: Duration,
+    next: Instant,
+    /// xorshift state: randomness for timing, not for secrets.
+    rng: u64,
+}
 
-impl Jitter {
-    pub(super) fn seeded() -> Jitter {
-        Jitter(procfs::monotonic_ns() | 1)
+impl StatesClock {
+    pub(super) fn new(hz: u32) -> StatesClock {
+        StatesClock {
+            every: Duration::from_secs_f64(1.0 / f64::from(hz)),
+            next: Instant::now(),
+            rng: procfs::monotonic_ns() | 1,
+        }
     }
 
-    /// Uniform in [0, 1).
-    pub(super) fn next_unit(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    /// Whether a read is due now; if so, the next one is scheduled.
+    pub(super) fn due(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        self.next = now + self.every.mul_f64(0.5 + unit);
+        true
+    }
+
+    pub(super) fn until_next(&self) -> Duration {
+        self.next.saturating_duration_since(Instant::now())
     }
 }
 
@@ -48,35 +71,16 @@ impl Recording {
     pub(super) fn off_cpu_totals(
         &mut self,
         min_ns: u64,
-        totals: Vec<(u32, RawThreadTotals)>,
+        mut threads: Vec<ThreadOffCpuTotals>,
     ) -> Result<()> {
-        let mut threads: Vec<ThreadOffCpuTotals> = totals
-            .into_iter()
-            .map(|(tid, t)| ThreadOffCpuTotals {
-                pid: t.pid,
-                tid,
-                short_count: t.short_count,
-                short_ns: t.short_ns,
-                runnable_count: t.runnable_count,
-                runnable_ns: t.runnable_ns,
-                unpaired_count: t.unpaired_count,
-                unpaired_ns: t.unpaired_ns,
-            })
-            .collect();
         threads.sort_by_key(|t| (t.pid, t.tid));
         let mut sum = OffCpuSummary {
             recorded: self.off_cpu,
             min_ns,
             ..OffCpuSummary::default()
         };
-        let c = &mut sum.counted;
         for t in &threads {
-            c.short_count += t.short_count;
-            c.short_ns += t.short_ns;
-            c.runnable_count += t.runnable_count;
-            c.runnable_ns += t.runnable_ns;
-            c.unpaired_count += t.unpaired_count;
-            c.unpaired_ns += t.unpaired_ns;
+            sum.counted.add(t);
         }
         self.off_cpu_summary = Some(sum);
         self.writer
