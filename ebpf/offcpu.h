@@ -16,7 +16,8 @@
 /* Set by lrec before load. */
 const volatile __u64 off_cpu_min_ns = 1000000;
 
-/* What lrec keeps per thread (task storage: freed with the task). */
+/* What lrec keeps per thread (task storage: freed with the task; created only for the
+ * recorded processes' threads, so its presence marks one). */
 struct lrec_task {
 	__u64 out_ns;     /* left the CPU at; 0 while on it */
 	__u64 out_ip;     /* its saved user ip and sp then */
@@ -30,6 +31,9 @@ struct lrec_task {
 	__u64 syscall_ns; /* entered the current system call at (--states) */
 	__s32 syscall1;   /* its number + 1; 0: none */
 	__u32 kstack_len;
+	/* The intervals counted, not recorded: copied to thread_totals when the thread
+	 * exits and when lrec runs flush_totals at the end. */
+	struct lrec_thread_totals totals;
 	__u64 kstack[LREC_MAX_KSTACK];
 };
 
@@ -62,45 +66,47 @@ static __always_inline void saved_ip_sp(struct task_struct *task, __u64 *ip, __u
 	*ip = 0;
 	*sp = 0;
 	if (ur) {
-		*ip = BPF_CORE_READ(ur, ip);
-		*sp = BPF_CORE_READ(ur, sp);
+		*ip = ur->ip;
+		*sp = ur->sp;
 	}
 }
 
-static __always_inline struct lrec_thread_totals *totals(__u32 tid, __u32 pid)
+/* The recorded thread's bookkeeping, created on first sight; NULL for other threads
+ * (and for the idle tasks, tgid 0, without a lookup). */
+static __always_inline struct lrec_task *recorded_task(struct task_struct *task)
 {
-	struct lrec_thread_totals *t = bpf_map_lookup_elem(&thread_totals, &tid);
-	if (t)
-		return t;
-	struct lrec_thread_totals zero = { .pid = pid, .tid = tid };
-	bpf_map_update_elem(&thread_totals, &tid, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&thread_totals, &tid);
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (st)
+		return st;
+	struct task_struct___lrec *t = (void *)task;
+	__u32 tgid = t->tgid;
+	if (!tgid || !bpf_map_lookup_elem(&targets, &tgid))
+		return NULL;
+	st = bpf_task_storage_get(&tasks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (st) {
+		st->totals.pid = tgid;
+		st->totals.tid = t->pid;
+	}
+	return st;
 }
 
 /* The owed stack can no longer be taken: count its time. */
-static __always_inline void unpaired(struct lrec_task *st, __u32 tid, __u32 pid)
+static __always_inline void unpaired(struct lrec_task *st)
 {
-	struct lrec_thread_totals *t = totals(tid, pid);
-	if (t) {
-		t->unpaired_count += 1;
-		t->unpaired_ns += st->owed_ns;
-	}
+	st->totals.unpaired_count += 1;
+	st->totals.unpaired_ns += st->owed_ns;
 	st->owed_ns = 0;
 }
 
 /* Recorded thread prev leaves the CPU. */
-static __always_inline void switch_out(struct task_struct *prev, __u32 tgid, int preempt,
-				       unsigned int prev_state, __u64 now)
+static __always_inline void switch_out(struct lrec_task *st, struct task_struct *prev,
+				       int preempt, unsigned int prev_state, __u64 now)
 {
-	struct lrec_task *st =
-		bpf_task_storage_get(&tasks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!st)
-		return;
 	__u64 ip, sp;
 	saved_ip_sp(prev, &ip, &sp);
 	/* It ran user code since it last blocked: that stack is gone. */
 	if (st->owed_ns && (ip != st->owed_ip || sp != st->owed_sp))
-		unpaired(st, BPF_CORE_READ((struct task_struct___lrec *)prev, pid), tgid);
+		unpaired(st);
 	st->out_ns = now;
 	st->out_state = preempt ? 0 : prev_state;
 	st->out_ip = ip;
@@ -108,31 +114,26 @@ static __always_inline void switch_out(struct task_struct *prev, __u32 tgid, int
 }
 
 /* Recorded thread next gets a CPU back. */
-static __always_inline void switch_in(struct task_struct *next, __u32 tgid, __u64 now)
+static __always_inline void switch_in(struct lrec_task *st, struct task_struct *next, __u64 now)
 {
-	struct lrec_task *st = bpf_task_storage_get(&tasks, next, 0, 0);
-	if (!st || !st->out_ns)
+	if (!st->out_ns)
 		return;
 	__u64 d = now - st->out_ns;
-	__u32 tid = BPF_CORE_READ((struct task_struct___lrec *)next, pid);
 	st->out_ns = 0;
-	if (st->out_state == 0 || d < off_cpu_min_ns) {
-		struct lrec_thread_totals *t = totals(tid, tgid);
-		if (!t)
-			return;
-		/* Plain adds: a thread's totals change only at its own context switches
-		 * (and system-call exits), which never run at the same time. */
-		if (st->out_state == 0) {
-			t->runnable_count += 1;
-			t->runnable_ns += d;
-		} else {
-			t->short_count += 1;
-			t->short_ns += d;
-		}
+	/* Plain adds: a thread's bookkeeping changes only at its own context switches and
+	 * system-call exits, which never run at the same time. */
+	if (st->out_state == 0) {
+		st->totals.runnable_count += 1;
+		st->totals.runnable_ns += d;
+		return;
+	}
+	if (d < off_cpu_min_ns) {
+		st->totals.short_count += 1;
+		st->totals.short_ns += d;
 		return;
 	}
 	if (st->owed_ns && (st->out_ip != st->owed_ip || st->out_sp != st->owed_sp))
-		unpaired(st, tid, tgid);
+		unpaired(st);
 	if (!st->owed_ns) {
 		st->owed_start = now - d;
 		st->owed_state = st->out_state;
@@ -145,24 +146,52 @@ static __always_inline void switch_in(struct task_struct *next, __u32 tgid, __u6
 	st->owed_ns += d;
 }
 
+/* Runs at every context switch of the machine: for other threads it costs a task
+ * storage lookup and, for those not seen before, one of targets. */
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u32 ptgid = BPF_CORE_READ((struct task_struct___lrec *)prev, tgid);
-	__u32 ntgid = BPF_CORE_READ((struct task_struct___lrec *)next, tgid);
 	/* One clock read for both sides. (Two branches on the lookups: clang would OR the
 	 * pointers of a combined test, which the verifier refuses.) */
 	__u64 now = 0;
-	if (bpf_map_lookup_elem(&targets, &ptgid)) {
+	struct lrec_task *st = recorded_task(prev);
+	if (st) {
 		now = bpf_ktime_get_ns();
-		switch_out(prev, ptgid, preempt, prev_state, now);
+		switch_out(st, prev, preempt, prev_state, now);
 	}
-	if (bpf_map_lookup_elem(&targets, &ntgid)) {
+	st = bpf_task_storage_get(&tasks, next, 0, 0);
+	if (st) {
 		if (!now)
 			now = bpf_ktime_get_ns();
-		switch_in(next, ntgid, now);
+		switch_in(st, next, now);
 	}
+	return 0;
+}
+
+/* Copies a thread's counted intervals where lrec reads them. */
+static __always_inline void flush_task_totals(struct task_struct *task)
+{
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (st && (st->totals.short_count | st->totals.runnable_count | st->totals.unpaired_count))
+		bpf_map_update_elem(&thread_totals, &st->totals.tid, &st->totals, BPF_ANY);
+}
+
+struct bpf_iter_meta___lrec {
+	struct seq_file *seq;
+} __attribute__((preserve_access_index));
+
+struct bpf_iter__task___lrec {
+	struct bpf_iter_meta___lrec *meta;
+	struct task_struct *task;
+} __attribute__((preserve_access_index));
+
+/* Run once by lrec at the end: the living threads' totals into thread_totals. */
+SEC("iter/task")
+int flush_totals(struct bpf_iter__task___lrec *ctx)
+{
+	if (ctx->task)
+		flush_task_totals(ctx->task);
 	return 0;
 }
 
@@ -181,7 +210,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	__u64 id = bpf_get_current_pid_tgid();
 	struct pt_regs r;
 	if (!task_user_regs(&r) || r.rip != st->owed_ip || r.rsp != st->owed_sp) {
-		unpaired(st, (__u32)id, id >> 32);
+		unpaired(st);
 		return 0;
 	}
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -207,29 +236,13 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long nr)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
-	if (!st) {
-		__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-		if (!bpf_map_lookup_elem(&targets, &tgid))
-			return 0;
-		st = bpf_task_storage_get(&tasks, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
-		if (!st)
-			return 0;
-	}
+	struct lrec_task *st = recorded_task(bpf_get_current_task_btf());
+	if (!st)
+		return 0;
 	st->syscall1 = nr + 1;
 	st->syscall_ns = bpf_ktime_get_ns();
 	return 0;
 }
-
-struct bpf_iter_meta___lrec {
-	struct seq_file *seq;
-} __attribute__((preserve_access_index));
-
-struct bpf_iter__task___lrec {
-	struct bpf_iter_meta___lrec *meta;
-	struct task_struct *task;
-} __attribute__((preserve_access_index));
 
 struct thread_state_buf {
 	struct lrec_thread_state t;

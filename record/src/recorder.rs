@@ -220,7 +220,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         return Ok(sampler);
     }
     if args.off_cpu {
-        rec.off_cpu_totals(args.off_cpu_min, sampler.off_cpu_totals())?;
+        rec.off_cpu_totals(args.off_cpu_min, sampler.off_cpu_totals()?)?;
     }
     let summary = rec.finish(&reason)?;
     if !args.quiet {

@@ -62,9 +62,9 @@ pub enum SamplerError {
     Btf(String),
     #[error("found no dynamic loader to watch")]
     NoLoader,
-    #[error("creating the thread-state iterator failed")]
+    #[error("creating a task iterator (thread states, off-CPU totals) failed")]
     Iter(#[source] aya::programs::links::LinkError),
-    #[error("reading the thread states failed")]
+    #[error("reading a task iterator (thread states, off-CPU totals) failed")]
     States(#[source] std::io::Error),
     #[error("poll on the ring buffer failed")]
     Poll(#[source] std::io::Error),
@@ -172,10 +172,17 @@ impl Sampler {
         if cfg.off_cpu_min_ns.is_some() || cfg.states {
             tracepoints.push(("on_sys_exit", "sys_exit"));
         }
+        let mut iters = Vec::new();
+        if cfg.off_cpu_min_ns.is_some() {
+            iters.push("flush_totals");
+        }
         if cfg.states {
             tracepoints.push(("on_sys_enter", "sys_enter"));
+            iters.push("thread_states");
+        }
+        for name in iters {
             let it: &mut Iter = ebpf
-                .program_mut("thread_states")
+                .program_mut(name)
                 .expect("program is in the object")
                 .try_into()
                 .map_err(SamplerError::Program)?;
@@ -317,15 +324,20 @@ impl Sampler {
     /// Every recorded thread's state now, as `struct lrec_thread_state` records (empty
     /// without `--states`).
     pub fn thread_states(&mut self) -> Result<Vec<u8>, SamplerError> {
+        self.run_iter("thread_states")
+    }
+
+    /// Runs the task iterator program `name` once, if it was loaded: what it wrote.
+    fn run_iter(&mut self, name: &str) -> Result<Vec<u8>, SamplerError> {
         use std::io::Read;
-        let Some(prog) = self.ebpf.program_mut("thread_states") else {
+        let Some(prog) = self.ebpf.program_mut(name) else {
             return Ok(Vec::new());
         };
         let it: &mut Iter = prog.try_into().map_err(SamplerError::Program)?;
         if it.fd().is_err() {
             return Ok(Vec::new());
         }
-        // Each read of the iterator needs a link of its own: cheap at tens per second.
+        // Each run of an iterator needs a link of its own: cheap at tens per second.
         let link = it.attach().map_err(SamplerError::Program)?;
         let link = it.take_link(link).map_err(SamplerError::Program)?;
         let mut file = link.into_file().map_err(SamplerError::Iter)?;
@@ -334,19 +346,22 @@ impl Sampler {
         Ok(out)
     }
 
-    /// Per thread, the off-CPU time counted but not recorded with stacks.
-    pub fn off_cpu_totals(&self) -> Vec<ThreadOffCpuTotals> {
+    /// Per thread, the off-CPU time counted but not recorded with stacks (threads still
+    /// alive are copied from their task storage first).
+    pub fn off_cpu_totals(&mut self) -> Result<Vec<ThreadOffCpuTotals>, SamplerError> {
         const SIZE: usize = std::mem::size_of::<ThreadOffCpuTotals>();
+        self.run_iter("flush_totals")?;
         let Some(map) = self.ebpf.map("thread_totals") else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let Ok(map) = BpfHashMap::<_, u32, [u8; SIZE]>::try_from(map) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
-        map.iter()
+        Ok(map
+            .iter()
             .filter_map(Result::ok)
             .map(|(_, v)| crate::raw::decode_totals(&v))
-            .collect()
+            .collect())
     }
 
     /// Samples dropped by BPF so far because the ring buffer was full.
