@@ -84,6 +84,9 @@ struct lua_work {
 	/* In a trace (lua_trace): the start frame's function when the trace tail-called
 	 * (0: the one on the stack), and whether the next frame walked is the start frame. */
 	__u64 func0;
+	/* Set by on_lua_resume around emit: walk this suspended coroutine (lua_wait.h)
+	 * instead of the state this thread runs. */
+	__u64 suspended;
 	__u8 jit_start;
 	__u8 jit_bad;       /* the snapshot could not be read or is inconsistent */
 	__u16 jn;           /* frames inlined into the trace at this snapshot */
@@ -271,6 +274,8 @@ static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 stack, 
  * (lua_resume) has C code there instead, and the walk ends. */
 static __always_inline int lua_parent(struct lua_work *w)
 {
+	if (!w->cf_last)
+		return 0;
 	__u64 pcf = w->cf_last + w->cfg.cf_size;
 	__u64 pl = rdref(w, pcf + w->cfg.cf_l);
 	if (!pl || pl == w->l || rdref(w, pl + w->cfg.l_glref) != w->g)
@@ -569,6 +574,46 @@ static long lua_step(__u64 i, void *unused)
 
 #include "luajit_trace.h"
 
+/* Fills the Lua stack header after the walk: h at offset, the walk's frames after it. */
+static __always_inline __u32 lua_stack_end(struct sample_buf *b, struct lua_work *w,
+					   __u32 offset, __u64 l0, __u64 cf0, __s32 vmstate)
+{
+	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)
+		w->flags |= LREC_LUA_TRUNCATED;
+	struct lrec_lua_stack *h = (void *)&b->data[offset & (LREC_DATA_SIZE - 1)];
+	h->g = w->g;
+	h->l = l0;
+	h->cframe = cf0;
+	h->vmstate = vmstate;
+	h->nframes = w->n;
+	h->flags = w->flags;
+	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+}
+
+/* The frames of coroutine w->suspended, which yielded from a C function (lua_yield):
+ * its stack is as it left it, L->base being the C function's, and it has no C frame
+ * (the walk ends at its bottom). */
+static __noinline __u32 lua_suspended_stack(struct sample_buf *b, struct lua_work *w,
+					    __u32 offset)
+{
+	__u64 l = w->suspended;
+	w->g = rdref(w, l + w->cfg.l_glref);
+	__u64 stack = rdref(w, l + w->cfg.l_stack);
+	__u64 base = rd64(l + w->cfg.l_base);
+	if (!w->g || base <= stack || base > rdref(w, l + w->cfg.l_maxstack) || (base & 7))
+		return 0;
+	w->cf = 0;
+	w->cf_last = 0;
+	w->nres_of = 0;
+	w->nres = 0;
+	w->flags = LREC_LUA_SUSPENDED;
+	lua_start(w, l, stack, base, 0);
+	w->out = offset + sizeof(struct lrec_lua_stack);
+	w->jit_start = 0;
+	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
+	return lua_stack_end(b, w, offset, l, 0, (__s32)rd32(w->g + w->cfg.g_vmstate));
+}
+
 /* Appends the sample's Lua stack after its stack bytes, when the thread runs a known
  * LuaJIT VM. Returns the bytes written. */
 static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r, __u32 tgid,
@@ -593,6 +638,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_func = 0;
 	w->last_call = 0;
 	w->last_name = 0;
+	if (w->suspended)
+		return lua_suspended_stack(b, w, offset);
 	if (!lua_find(w, r, tid))
 		return 0;
 	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);
@@ -628,17 +675,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 		/* The functions inlined into the trace; the walk goes on from its start frame. */
 		lua_trace(w, r->ip, vmstate);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
-	if (w->n >= LREC_LUA_MAX_FRAMES && w->frame > w->bot)
-		w->flags |= LREC_LUA_TRUNCATED;
-
-	struct lrec_lua_stack *h = (void *)&b->data[offset & (LREC_DATA_SIZE - 1)];
-	h->g = w->g;
-	h->l = l0;
-	h->cframe = cf0;
-	h->vmstate = vmstate;
-	h->nframes = w->n;
-	h->flags = w->flags;
-	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+	return lua_stack_end(b, w, offset, l0, cf0, vmstate);
 }
 
 #endif

@@ -16,6 +16,9 @@
 
 /* lrec_sample.kind */
 #define LREC_KIND_CPU 0     /* a cpu-clock sample */
+/* lrec_sample.off_state of a Lua coroutine's wait between lua_yield and lua_resume (no
+ * task state has this bit) */
+#define LREC_OFF_LUA_YIELD 0x80000000u
 #define LREC_KIND_OFF_CPU 1 /* a blocked interval: registers and stacks at switch-out */
 
 struct lrec_regs {
@@ -37,7 +40,8 @@ struct lrec_sample {
 	__u32 lua_len;
 	struct lrec_regs regs;
 	__u32 kind;       /* LREC_KIND_* */
-	__u32 off_state;  /* off-CPU: the task's __state at switch-out */
+	__u32 off_state;  /* off-CPU: the task's __state at switch-out, or
+			   * LREC_OFF_LUA_YIELD */
 	__u64 off_start;  /* off-CPU: switched out at (CLOCK_MONOTONIC ns) */
 	__u64 off_ns;     /* off-CPU: how long it was off CPU (the intervals of one system
 			   * call add up) */
@@ -93,6 +97,9 @@ struct lrec_thread_state {
 #define LREC_LUA_BROKEN 2    /* a frame could not be read */
 #define LREC_LUA_JIT_MAPPED 4   /* in a trace: its snapshot gave the inlined frames and lines */
 #define LREC_LUA_JIT_UNMAPPED 8 /* in a trace that could not be mapped: base frame only */
+/* The frames of a suspended coroutine (an off-CPU Lua wait, lua_wait.h), not of the
+ * state the thread runs: they go above the native stack, which is its resumer's. */
+#define LREC_LUA_SUSPENDED 16
 /* lrec_lua_frame.link: the frame ran as JIT-compiled code (a trace's start frame or a
  * function inlined into the trace). */
 #define LREC_LUA_LINK_JIT 0x80

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lrec_format::{
     kind, kind_bit, lua_flags, lua_frame_kind, sample_flags, task_state_letter, Capture, LuaStack,
-    Mapping, Record, RecordRef, SampleRef, LUA_LINK_JIT,
+    Mapping, Record, RecordRef, SampleRef, LUA_LINK_JIT, OFF_CPU_LUA_YIELD,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -224,7 +224,11 @@ pub fn run(
                         let interval = OffCpu {
                             start_ns: o.start_ns,
                             duration_ns: o.duration_ns,
-                            wait: Wait::Blocked(task_state_letter(o.state, 0)),
+                            wait: if o.state == OFF_CPU_LUA_YIELD {
+                                Wait::LuaYield
+                            } else {
+                                Wait::Blocked(task_state_letter(o.state, 0))
+                            },
                         };
                         unwind(
                             o.sample,

@@ -164,6 +164,9 @@ pub enum Wait {
     Short,
     /// Blocked, but the thread ran user code before lrec could take its stack (counted).
     Unpaired,
+    /// A Lua coroutine yielded to C (ngx.sleep, a cosocket read), until resumed: its time,
+    /// not its thread's, which meanwhile runs other work.
+    LuaYield,
 }
 
 /// Which samples a profile holds, and what they weigh.

@@ -122,6 +122,7 @@ pub(crate) fn wait_frame(wait: Wait, min_ns: u64) -> Frame {
             crate::render::format_duration(min_ns)
         ),
         Wait::Unpaired => "[off-CPU, stack not taken]".to_string(),
+        Wait::LuaYield => "[coroutine yielded]".to_string(),
     };
     Frame::named(name, None, FrameKind::Wait)
 }

@@ -252,10 +252,16 @@ pub struct OffCpu {
     pub start_ns: u64,
     pub duration_ns: u64,
     /// The task's `__state` when it left the CPU (1 sleeping, 2 disk sleep, …; see
-    /// [`task_state_letter`]).
+    /// [`task_state_letter`]), or [`OFF_CPU_LUA_YIELD`].
     pub state: u32,
     pub sample: Sample,
 }
+
+/// [`OffCpu::state`] of a Lua coroutine's wait, not a thread's: from its lua_yield to its
+/// lua_resume (OpenResty's ngx.sleep, cosocket reads). `sample` is taken at lua_resume:
+/// the resumer's registers and stack, and the coroutine's Lua frames
+/// ([`lua_flags::SUSPENDED`]). No task state has this bit.
+pub const OFF_CPU_LUA_YIELD: u32 = 0x8000_0000;
 
 /// An [`OffCpu`] decoded in place.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,6 +459,9 @@ pub mod lua_flags {
     /// In a LuaJIT trace that could not be mapped to a snapshot (unknown, flushed, or
     /// outside its machine code): the trace's base frame is innermost, without a line.
     pub const JIT_UNMAPPED: u32 = 8;
+    /// The frames of a suspended coroutine (a Lua wait, [`super::OFF_CPU_LUA_YIELD`]), not
+    /// of the state the thread runs: they lie above the native stack, its resumer's.
+    pub const SUSPENDED: u32 = 16;
 }
 
 /// [`LuaFrame::link`] bit (LuaJIT): the frame ran as JIT-compiled code, the start frame of

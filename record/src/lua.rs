@@ -109,6 +109,10 @@ pub struct LuaVms {
     records: Vec<Record>,
     /// One-line messages for the user.
     pub messages: Vec<String>,
+    /// The binaries holding a LuaJIT VM, in the order found; `new_luajit` is how many
+    /// of them [`LuaVms::take_luajit_binaries`] has not handed out yet.
+    luajit_binaries: Vec<String>,
+    new_luajit: usize,
 }
 
 impl LuaVms {
@@ -126,6 +130,10 @@ impl LuaVms {
                 Detection::Pending { votes, tries: 0 },
             )
         });
+        if !self.luajit_binaries.iter().any(|b| b == path) {
+            self.luajit_binaries.push(path.to_string());
+            self.new_luajit += 1;
+        }
         if p.code.contains(&code) || p.code.len() >= MAX_LUA_RANGES {
             return;
         }
@@ -133,7 +141,30 @@ impl LuaVms {
         if let Some(c) = p.config() {
             // A second copy of the VM (another library): the walker must know it too.
             self.configs.push((pid, c));
+        } else if let Some(layout) = self.layout_of(path) {
+            self.ready(pid, layout);
         }
+    }
+
+    /// The layout told for a process running the VM in binary `path`: the same for every
+    /// process running it (a pre-fork server's workers, whose VMs may run too seldom to be
+    /// told by their own samples).
+    fn layout_of(&self, path: &str) -> Option<usize> {
+        self.procs.values().find_map(|p| match p.detection {
+            Detection::Ready(layout, _) if p.path == path => Some(layout),
+            _ => None,
+        })
+    }
+
+    /// Process pid's LuaJIT layout is known: configures its walker and records its runtime.
+    fn ready(&mut self, pid: u32, layout: usize) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        p.detection = Detection::Ready(layout, TraceArray::default());
+        self.configs.extend(p.config().map(|c| (pid, c)));
+        let r = luajit_runtime(pid, p, Some(&LAYOUTS[layout]));
+        self.records.push(Record::LuaRuntime(r));
     }
 
     /// A PUC Lua interpreter: its release gives its layout at once (or none is known).
@@ -197,6 +228,13 @@ impl LuaVms {
     /// PUC Lua configurations that became known since the last call.
     pub fn take_puc_configs(&mut self) -> Vec<(u32, RawPucConfig)> {
         std::mem::take(&mut self.puc_configs)
+    }
+
+    /// The binaries holding a LuaJIT VM found since the last call (where lua_yield and
+    /// lua_resume are, for Lua coroutine waits).
+    pub fn take_luajit_binaries(&mut self) -> &[String] {
+        let n = std::mem::take(&mut self.new_luajit);
+        &self.luajit_binaries[self.luajit_binaries.len() - n..]
     }
 
     /// Records (runtimes, protos) to write before the sample at hand.
@@ -381,14 +419,16 @@ impl LuaVms {
         let decided = (votes[best] >= VOTES_NEEDED && votes[best] == total)
             || (votes[best] >= 20 * VOTES_NEEDED && votes[best] * 20 >= total * 19);
         if decided {
-            p.detection = Detection::Ready(best, TraceArray::default());
-            let layout = &LAYOUTS[best];
-            self.configs.extend(p.config().map(|c| (sample.pid, c)));
-            self.records.push(Record::LuaRuntime(luajit_runtime(
-                sample.pid,
-                p,
-                Some(layout),
-            )));
+            let path = p.path.clone();
+            let same_binary: Vec<u32> = self
+                .procs
+                .iter()
+                .filter(|(_, q)| q.path == path && matches!(q.detection, Detection::Pending { .. }))
+                .map(|(&pid, _)| pid)
+                .collect();
+            for pid in same_binary {
+                self.ready(pid, best);
+            }
         } else if *tries >= TRIES_BEFORE_GIVING_UP {
             p.detection = Detection::Failed;
             let mut r = luajit_runtime(sample.pid, p, None);

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use lrec_format::{Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName};
+use lrec_format::{
+    Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName, OFF_CPU_LUA_YIELD,
+};
 
 use crate::embedder::{Embedder, Job};
 use crate::flight::Flight;
@@ -172,6 +174,13 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         for (pid, cfg) in rec.lua.take_puc_configs() {
             sampler.set_puc_config(pid, &cfg)?;
         }
+        for path in rec.lua.take_luajit_binaries() {
+            if args.off_cpu {
+                if let Err(e) = sampler.probe_lua_waits(path) {
+                    eprintln!("lrec: warning: Lua coroutine waits in {path} not recorded: {e}");
+                }
+            }
+        }
         for msg in rec.lua.messages.drain(..) {
             eprintln!("lrec: {msg}");
         }
@@ -220,7 +229,8 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         return Ok(sampler);
     }
     if args.off_cpu {
-        rec.off_cpu_totals(args.off_cpu_min, sampler.off_cpu_totals()?)?;
+        let threads = sampler.off_cpu_totals()?;
+        rec.off_cpu_totals(args.off_cpu_min, threads, sampler.lua_waits_short())?;
     }
     let summary = rec.finish(&reason)?;
     if !args.quiet {
@@ -266,6 +276,8 @@ struct Recording {
     off_cpu_summary: Option<OffCpuSummary>,
     /// Off-CPU intervals recorded with stacks, and thread-state samples taken.
     off_cpu: u64,
+    /// Of the off-CPU records, Lua coroutine waits.
+    lua_waits: u64,
     state_samples: u64,
     lost: u64,
 }
@@ -293,6 +305,7 @@ impl Recording {
             young: Vec::new(),
             off_cpu_summary: None,
             off_cpu: 0,
+            lua_waits: 0,
             state_samples: 0,
             lost: 0,
         }
@@ -337,6 +350,7 @@ impl Recording {
             }
             Some(o) => {
                 self.off_cpu += 1;
+                self.lua_waits += u64::from(o.state == OFF_CPU_LUA_YIELD);
                 self.writer.push(&Record::OffCpu(OffCpu {
                     start_ns: o.start_ns,
                     duration_ns: o.duration_ns,

@@ -253,6 +253,42 @@ impl Sampler {
             })
     }
 
+    /// Times the waits of Lua coroutines that yield to C in the LuaJIT VM of binary
+    /// `path` (--off-cpu): uprobes on its lua_yield and lua_resume (ebpf/lua_wait.h), for
+    /// every process mapping it (BPF keeps the targets').
+    pub fn probe_lua_waits(&mut self, path: &str) -> Result<(), SamplerError> {
+        for (prog, symbol) in [
+            ("on_lua_yield", "lua_yield"),
+            ("on_lua_resume", "lua_resume"),
+        ] {
+            let probe: &mut UProbe = self
+                .ebpf
+                .program_mut(prog)
+                .expect("program is in the object")
+                .try_into()
+                .map_err(SamplerError::Program)?;
+            if probe.fd().is_err() {
+                probe.load().map_err(SamplerError::Program)?;
+            }
+            probe
+                .attach(symbol, path, UProbeScope::AllProcesses)
+                .map_err(SamplerError::Program)?;
+        }
+        Ok(())
+    }
+
+    /// Lua coroutine waits shorter than `--off-cpu-min`, counted in BPF: (count, ns).
+    pub fn lua_waits_short(&self) -> (u64, u64) {
+        let Some(map) = self.ebpf.map("lua_wait_short") else {
+            return (0, 0);
+        };
+        let Ok(map) = PerCpuArray::<_, u64>::try_from(map) else {
+            return (0, 0);
+        };
+        let sum = |i: u32| map.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
+        (sum(0), sum(1))
+    }
+
     /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.
     pub fn set_puc_config(&mut self, pid: u32, cfg: &RawPucConfig) -> Result<(), SamplerError> {
         self.puc_config
@@ -312,13 +348,20 @@ impl Sampler {
     /// Per BPF program that ran (the sampler first), its runs and total run time so far,
     /// when the kernel counts them (`sysctl kernel.bpf_stats_enabled=1`).
     pub fn bpf_cost(&self) -> Vec<(&'static str, u64, Duration)> {
-        ["sample", "on_switch", "on_sys_exit", "on_sys_enter"]
-            .into_iter()
-            .filter_map(|name| {
-                let info = self.ebpf.program(name)?.info().ok()?;
-                (info.run_count() > 0).then(|| (name, info.run_count(), info.run_time()))
-            })
-            .collect()
+        [
+            "sample",
+            "on_switch",
+            "on_sys_exit",
+            "on_sys_enter",
+            "on_lua_yield",
+            "on_lua_resume",
+        ]
+        .into_iter()
+        .filter_map(|name| {
+            let info = self.ebpf.program(name)?.info().ok()?;
+            (info.run_count() > 0).then(|| (name, info.run_count(), info.run_time()))
+        })
+        .collect()
     }
 
     /// Every recorded thread's state now, as `struct lrec_thread_state` records (empty

@@ -1,7 +1,8 @@
 //! nginx with two workers and the lua module (Debian's nginx, libnginx-mod-http-lua and
 //! luajit2) under wrk load, recorded with `lrec -p <master>`: both workers are sampled
 //! and the samples in the hot Lua function show the exact handler chain under nginx's own
-//! C frames (fixtures/nginx).
+//! C frames; with `--off-cpu`, requests waiting in ngx.sleep and in a cosocket read show
+//! the handler chain that waits (fixtures/nginx).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,7 +15,9 @@ fn start_nginx(prefix: &Path, port: u16) -> u32 {
     let src = root().join("fixtures/nginx");
     std::fs::create_dir_all(prefix.join("lua")).unwrap();
     std::fs::create_dir_all(prefix.join("tmp")).unwrap();
-    std::fs::copy(src.join("lua/handler.lua"), prefix.join("lua/handler.lua")).unwrap();
+    for lua in ["handler.lua", "waits.lua"] {
+        std::fs::copy(src.join("lua").join(lua), prefix.join("lua").join(lua)).unwrap();
+    }
     let conf = std::fs::read_to_string(src.join("nginx.conf"))
         .unwrap()
         .replace("@PREFIX@", prefix.to_str().unwrap())
@@ -108,6 +111,111 @@ fn nginx_workers_show_the_handler_chain() {
     assert!(
         exact as f64 >= 0.95 * judged as f64,
         "{exact}/{judged} exact; wrong: {wrong:#?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Requests to /wait (fixtures/nginx/lua/waits.lua) spin, sleep 20 ms in ngx.sleep, spin,
+/// and read from an upstream that answers after 30 ms: `--off-cpu` shows each wait under
+/// the Lua chain that yielded, and `--wall` puts those waits next to the CPU samples.
+#[test]
+fn nginx_lua_waits_show_the_handler_chain() {
+    let Some(_guard) = bpf_test("nginx_lua_waits_show_the_handler_chain") else {
+        return;
+    };
+    if installed("/usr/sbin/nginx", "nginx + lua").is_none()
+        || installed("/usr/lib/nginx/modules/ngx_http_lua_module.so", "nginx lua").is_none()
+        || installed("/usr/bin/wrk", "wrk").is_none()
+    {
+        return;
+    }
+    let dir = tempfile_dir("nginx-waits");
+    let port = free_port();
+    let master = start_nginx(&dir, port);
+    let mut wrk = Command::new("/usr/bin/wrk")
+        .args([
+            "-t1",
+            "-c4",
+            "-d10s",
+            &format!("http://127.0.0.1:{port}/wait"),
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let cap = dir.join("waits.lrec");
+    record_pid(&cap, master, 499, 6, &["--off-cpu"]);
+    // SAFETY: signals the nginx master this test started.
+    unsafe { libc::kill(master as i32, libc::SIGTERM) };
+    let _ = wrk.kill();
+    let _ = wrk.wait();
+
+    // Microseconds waited per Lua chain (LINEDEFINED in waits.lua, root first).
+    let (stacks, _) = folded(&cap, &["--offline", "--off-cpu", "--no-thread-names"]);
+    let (sleep, socket, upstream) = (vec![29, 15], vec![29, 19], vec![37]);
+    let mut per_chain = std::collections::BTreeMap::<Vec<u32>, u64>::new();
+    let mut total = 0;
+    let mut wrong = Vec::new();
+    for (frames, us) in &stacks {
+        if frames.last().map(String::as_str) != Some("[coroutine yielded]") {
+            continue;
+        }
+        total += us;
+        let chain = lua_chain(frames, "waits.lua");
+        let joined = frames.join(";");
+        // The Lua frames replace lua_resume, under the module's thread runner.
+        let placed = joined.contains(";ngx_http_lua_run_thread;content_by_lua(nginx.conf:")
+            && !joined.contains("lua_resume");
+        if placed && [&sleep, &socket, &upstream].contains(&&chain) {
+            *per_chain.entry(chain).or_default() += us;
+        } else {
+            wrong.push((joined, *us));
+        }
+    }
+    let exact: u64 = per_chain.values().sum();
+    let ms = |chain: &Vec<u32>| per_chain.get(chain).copied().unwrap_or(0) as f64 / 1e3;
+    eprintln!(
+        "nginx waits: {exact}/{total} us under an exact chain; ngx.sleep {:.0} ms, \
+         cosocket read {:.0} ms, upstream's ngx.sleep {:.0} ms",
+        ms(&sleep),
+        ms(&socket),
+        ms(&upstream)
+    );
+    wrong.sort_by_key(|w| std::cmp::Reverse(w.1));
+    wrong.truncate(5);
+    assert!(total >= 1_000_000, "only {total} us of Lua waits recorded");
+    assert!(
+        exact as f64 >= 0.95 * total as f64,
+        "{exact}/{total} us exact; wrong: {wrong:#?}"
+    );
+    // Each request sleeps 20 ms, then waits ~30 ms for the upstream, which sleeps 30 ms
+    // (in either worker: one that serves only the upstream runs little Lua code).
+    for (what, chain) in [("cosocket read", &socket), ("upstream's sleep", &upstream)] {
+        let ratio = ms(chain) / ms(&sleep).max(1.0);
+        assert!(
+            (1.2..2.0).contains(&ratio),
+            "{what}/ngx.sleep wait ratio {ratio:.2}, expected ~1.5"
+        );
+    }
+
+    // --wall: the handler's CPU (spin) and its waits in one profile, under one root.
+    let (stacks, _) = folded(&cap, &["--offline", "--wall", "--no-thread-names"]);
+    let with_chain = |chain: &[u32], leaf: Option<&str>| {
+        stacks
+            .iter()
+            .filter(|(f, _)| {
+                lua_chain(f, "waits.lua") == chain
+                    && leaf.is_none_or(|l| f.last().map(String::as_str) == Some(l))
+            })
+            .map(|(_, n)| n)
+            .sum::<u64>()
+    };
+    let cpu = with_chain(&[29, 9], None);
+    let waited = with_chain(&sleep, Some("[coroutine yielded]"));
+    eprintln!("nginx --wall: run → spin {cpu} us on CPU, run → nap {waited} us waiting");
+    assert!(
+        cpu > 0 && waited > 0,
+        "--wall lacks CPU ({cpu}) or waits ({waited})"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -13,7 +13,7 @@ pub mod puc;
 
 use std::ops::Range;
 
-use lrec_format::{lua_frame_kind, LuaRuntime, LuaStack};
+use lrec_format::{lua_flags, lua_frame_kind, LuaRuntime, LuaStack};
 
 use crate::unwind::{CodeAddress, VmHint};
 
@@ -56,6 +56,8 @@ pub fn cframes(stack: &LuaStack, out: &mut Vec<u64>) {
 ///   built-ins `string.gsub`, not by the symbol of their C implementation).
 /// - Lua frames whose VM frame the native unwinding did not reach (a stack cut short)
 ///   are kept, outermost last.
+/// - A suspended coroutine's frames ([`lua_flags::SUSPENDED`]: a Lua wait, taken as its
+///   resumer entered lua_resume) replace that lua_resume frame, at the native leaf.
 pub fn merge(
     native: &[CodeAddress],
     stack: &LuaStack,
@@ -64,6 +66,13 @@ pub fn merge(
     out: &mut Vec<Merged>,
 ) {
     out.clear();
+    if stack.flags & lua_flags::SUSPENDED != 0 {
+        // The native leaf is lua_resume itself (the probe is at its entry), replaced by
+        // the frames it resumes, as a running coroutine's are.
+        out.extend((0..stack.frames.len()).map(Merged::Lua));
+        out.extend((1..native.len()).map(Merged::Native));
+        return;
+    }
     // Segments of Lua frames run by one VM frame, innermost first, as index ranges.
     let mut segments: Vec<Range<usize>> = Vec::new();
     for (i, f) in stack.frames.iter().enumerate() {

@@ -29,6 +29,9 @@ pub struct Summary {
 #[derive(Debug, Clone, Default)]
 pub struct OffCpuSummary {
     pub recorded: u64,
+    /// Lua coroutine waits recorded, and those shorter than the minimum: (count, ns).
+    pub lua_waits: u64,
+    pub lua_waits_short: (u64, u64),
     pub min_ns: u64,
     /// What was counted without stacks, summed over the threads.
     pub counted: lrec_format::ThreadOffCpuTotals,
@@ -51,6 +54,15 @@ impl OffCpuSummary {
             c.unpaired_count,
             ms(c.unpaired_ns),
         );
+        if self.lua_waits + self.lua_waits_short.0 > 0 {
+            eprintln!(
+                "lrec: Lua coroutine waits (lua_yield to lua_resume): {} recorded with stacks,                  {} shorter than {:.3} ms counted ({:.1} ms; not in the capture)",
+                self.lua_waits,
+                self.lua_waits_short.0,
+                ms(self.min_ns),
+                ms(self.lua_waits_short.1),
+            );
+        }
     }
 }
 

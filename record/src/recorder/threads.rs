@@ -72,10 +72,13 @@ impl Recording {
         &mut self,
         min_ns: u64,
         mut threads: Vec<ThreadOffCpuTotals>,
+        lua_waits_short: (u64, u64),
     ) -> Result<()> {
         threads.sort_by_key(|t| (t.pid, t.tid));
         let mut sum = OffCpuSummary {
-            recorded: self.off_cpu,
+            recorded: self.off_cpu - self.lua_waits,
+            lua_waits: self.lua_waits,
+            lua_waits_short,
             min_ns,
             ..OffCpuSummary::default()
         };
