@@ -133,26 +133,31 @@ for case in "${CASES[@]}"; do
 done
 
 # 4. Off-CPU overhead (issue 10): fixtures/build/pingpong, two threads passing a byte over
-#    pipes (> 50 k context switches/s, each block far shorter than --off-cpu-min), a fixed
-#    number of rounds: bare, under `lrec` (CPU samples only) and under `lrec --off-cpu`,
-#    both at their defaults, alternating, whole-command wall time, median of $OFF_RUNS; then
-#    what lrec --off-cpu counted and recorded, and its BPF programs' cost.
+#    pipes, each block far shorter than --off-cpu-min, a fixed number of rounds: with no
+#    work between switches (~130 k context switches/s, the worst case) and with WORK steps
+#    of computation per message (a server-like mix, ~55-60 k switches/s); bare, under `lrec`
+#    (CPU samples only) and under `lrec --off-cpu`, both at their defaults, alternating,
+#    whole-command wall time, median of $OFF_RUNS; then what lrec --off-cpu counted and
+#    recorded, and its BPF programs' cost.
 OFF_RUNS=${OFF_RUNS:-5}
-ROUNDS=${ROUNDS:-600000}
 if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = offcpu ]; then
-  : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/off.t"
-  for _ in $(seq "$OFF_RUNS"); do
-    wall fixtures/build/pingpong "$ROUNDS" >>"$OUT/bare.t"
-    wall ./target/release/lrec -q -o "$OUT/pp.lrec" -- fixtures/build/pingpong "$ROUNDS" >>"$OUT/lrec.t"
-    wall ./target/release/lrec -q --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$ROUNDS" >>"$OUT/off.t"
-  done
-  b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); o=$(median <"$OUT/off.t")
-  rate=$(fixtures/build/pingpong 100000 | grep -o '([0-9]*/s)')
   echo
-  printf "Off-CPU overhead: fixtures/build/pingpong %d rounds, context switches %s, %d runs each, alternating, median wall time\n" "$ROUNDS" "$rate" "$OFF_RUNS"
-  awk -v b="$b" -v l="$l" -v o="$o" 'BEGIN {
-    printf "%-22s %10s %10s %10s %14s %14s\n", "", "bare s", "lrec s", "--off-cpu s", "lrec slowdown", "--off-cpu slowdown"
-    printf "%-22s %10.3f %10.3f %10.3f %13.1f%% %13.1f%%\n", "pingpong", b, l, o, 100 * (l / b - 1), 100 * (o / b - 1) }'
-  ./target/release/lrec --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$ROUNDS" 2>&1 >/dev/null | grep -E 'off-CPU|BPF' || true
+  echo "Off-CPU overhead: fixtures/build/pingpong ROUNDS [WORK], $OFF_RUNS runs each, alternating, median wall time"
+  printf "%-28s %10s %10s %10s %14s %14s\n" "" "bare s" "lrec s" "--off-cpu s" "lrec slowdown" "--off-cpu slowdown"
+  for spec in "${PP_IDLE:-600000 0}" "${PP_WORK:-300000 8000}"; do
+    # shellcheck disable=SC2086 # ROUNDS WORK, split on purpose
+    set -- $spec
+    : >"$OUT/bare.t"; : >"$OUT/lrec.t"; : >"$OUT/off.t"
+    for _ in $(seq "$OFF_RUNS"); do
+      wall fixtures/build/pingpong "$@" >>"$OUT/bare.t"
+      wall ./target/release/lrec -q -o "$OUT/pp.lrec" -- fixtures/build/pingpong "$@" >>"$OUT/lrec.t"
+      wall ./target/release/lrec -q --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$@" >>"$OUT/off.t"
+    done
+    b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); o=$(median <"$OUT/off.t")
+    rate=$(fixtures/build/pingpong 50000 "$2" | grep -o '([0-9]*/s)')
+    awk -v m="pingpong $1 $2 $rate" -v b="$b" -v l="$l" -v o="$o" 'BEGIN {
+      printf "%-28s %10.3f %10.3f %10.3f %13.1f%% %13.1f%%\n", m, b, l, o, 100 * (l / b - 1), 100 * (o / b - 1) }'
+    ./target/release/lrec --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$@" 2>&1 >/dev/null | grep -E 'off-CPU|BPF' || true
+  done
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

@@ -94,7 +94,9 @@ pub struct Args {
     pub debug_dir: PathBuf,
     /// Also record where the target's threads block: each interval a thread spends off CPU
     /// (sleeping, waiting for I/O, a lock, a socket) for at least --off-cpu-min, with its
-    /// user, Lua and kernel stacks at the moment it blocked. Read with `lanalyze
+    /// user, Lua and kernel stacks at the moment it blocked; and each wait of a LuaJIT
+    /// coroutine that yields to C (OpenResty's ngx.sleep, cosocket reads: the worker
+    /// meanwhile serves others) with the Lua frames that yielded. Read with `lanalyze
     /// --off-cpu` (blocked time by stack) or `--wall` (on and off CPU in one picture).
     #[arg(long)]
     pub off_cpu: bool,

@@ -194,4 +194,41 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(lua_ids, ["l3k0", "n2", "l0k2", "l2k0", "l1k0", "n5"]);
     }
+
+    #[test]
+    fn a_suspended_coroutine_replaces_the_lua_resume_it_was_taken_at() {
+        // ngx_http_lua_run_thread → lua_resume (the probe, at its entry) resuming a
+        // coroutine suspended in ngx.sleep (C) ← nap ← run; no C frame of its own.
+        let stack = LuaStack {
+            flags: lua_flags::SUSPENDED,
+            frames: vec![
+                lua(lua_frame_kind::C, 0, 0),
+                lua(lua_frame_kind::LUA, 2, 0),
+                lua(lua_frame_kind::LUA, 1, 0),
+            ],
+            ..LuaStack::default()
+        };
+        let frames = [
+            native(0x10_0000, 0x7f0),
+            native(0x5000, 0x800),
+            native(0x6000, 0x900),
+        ];
+        let hint = VmHint {
+            code: &[(0x10_0000, 0x20_0000)],
+            cframes: &[],
+            innermost: 0,
+        };
+        let mut out = Vec::new();
+        merge(&frames, &stack, &hint, Some("GC"), &mut out);
+        assert_eq!(
+            out,
+            [
+                Merged::Lua(0),
+                Merged::Lua(1),
+                Merged::Lua(2),
+                Merged::Native(1),
+                Merged::Native(2)
+            ]
+        );
+    }
 }
