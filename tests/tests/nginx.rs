@@ -4,8 +4,8 @@
 //! C frames; with `--off-cpu`, requests waiting in ngx.sleep and in a cosocket read show
 //! the handler chain that waits (fixtures/nginx).
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lrec_e2e::*;
@@ -41,6 +41,29 @@ fn start_nginx(prefix: &Path, port: u16) -> u32 {
     }
 }
 
+/// nginx from fixtures/nginx, with wrk (WRK_ARGS) requesting PATH for 10 s, after 1 s of
+/// it: (its prefix, the master's pid, wrk); None (said) when nginx, its lua module or wrk
+/// is missing.
+fn nginx_under_load(tag: &str, path: &str, wrk_args: &[&str]) -> Option<(PathBuf, u32, Child)> {
+    if installed("/usr/sbin/nginx", "nginx + lua").is_none()
+        || installed("/usr/lib/nginx/modules/ngx_http_lua_module.so", "nginx lua").is_none()
+        || installed("/usr/bin/wrk", "wrk").is_none()
+    {
+        return None;
+    }
+    let dir = tempfile_dir(tag);
+    let port = free_port();
+    let master = start_nginx(&dir, port);
+    let wrk = Command::new("/usr/bin/wrk")
+        .args(wrk_args)
+        .args(["-d10s", &format!("http://127.0.0.1:{port}{path}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    Some((dir, master, wrk))
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -54,21 +77,9 @@ fn nginx_workers_show_the_handler_chain() {
     let Some(_guard) = bpf_test("nginx_workers_show_the_handler_chain") else {
         return;
     };
-    if installed("/usr/sbin/nginx", "nginx + lua").is_none()
-        || installed("/usr/lib/nginx/modules/ngx_http_lua_module.so", "nginx lua").is_none()
-        || installed("/usr/bin/wrk", "wrk").is_none()
-    {
+    let Some((dir, master, mut wrk)) = nginx_under_load("nginx", "/", &["-t2", "-c8"]) else {
         return;
-    }
-    let dir = tempfile_dir("nginx");
-    let port = free_port();
-    let master = start_nginx(&dir, port);
-    let mut wrk = Command::new("/usr/bin/wrk")
-        .args(["-t2", "-c8", "-d10s", &format!("http://127.0.0.1:{port}/")])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    };
     let cap = dir.join("nginx.lrec");
     record_pid(&cap, master, 499, 6, &[]);
     // SAFETY: signals the nginx master this test started.
@@ -123,26 +134,10 @@ fn nginx_lua_waits_show_the_handler_chain() {
     let Some(_guard) = bpf_test("nginx_lua_waits_show_the_handler_chain") else {
         return;
     };
-    if installed("/usr/sbin/nginx", "nginx + lua").is_none()
-        || installed("/usr/lib/nginx/modules/ngx_http_lua_module.so", "nginx lua").is_none()
-        || installed("/usr/bin/wrk", "wrk").is_none()
-    {
+    let Some((dir, master, mut wrk)) = nginx_under_load("nginx-waits", "/wait", &["-t1", "-c4"])
+    else {
         return;
-    }
-    let dir = tempfile_dir("nginx-waits");
-    let port = free_port();
-    let master = start_nginx(&dir, port);
-    let mut wrk = Command::new("/usr/bin/wrk")
-        .args([
-            "-t1",
-            "-c4",
-            "-d10s",
-            &format!("http://127.0.0.1:{port}/wait"),
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    };
     let cap = dir.join("waits.lrec");
     record_pid(&cap, master, 499, 6, &["--off-cpu"]);
     // SAFETY: signals the nginx master this test started.
