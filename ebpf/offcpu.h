@@ -15,6 +15,8 @@
 
 /* Set by lrec before load. */
 const volatile __u64 off_cpu_min_ns = 1000000;
+/* When lrec loaded these programs (CLOCK_MONOTONIC ns). */
+const volatile __u64 attach_ns = 0;
 
 /* What lrec keeps per thread (task storage: freed with the task; created only for the
  * recorded processes' threads, so its presence marks one). */
@@ -186,12 +188,41 @@ struct bpf_iter__task___lrec {
 	struct task_struct *task;
 } __attribute__((preserve_access_index));
 
-/* Run once by lrec at the end: the living threads' totals into thread_totals. */
+/* Run once by lrec at the end: the living threads' totals into thread_totals, with the
+ * time of blocks still in progress or whose stack is still owed (counted, as their stacks
+ * cannot be taken any more) and of waits for a CPU in progress. */
 SEC("iter/task")
 int flush_totals(struct bpf_iter__task___lrec *ctx)
 {
-	if (ctx->task)
-		flush_task_totals(ctx->task);
+	struct task_struct *task = ctx->task;
+	if (!task)
+		return 0;
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	struct task_struct___lrec *t = (void *)task;
+	if (!st && t->__state) {
+		/* A recorded thread that has not been switched since lrec attached: blocked
+		 * all along. */
+		st = recorded_task(task);
+		if (st) {
+			st->out_ns = attach_ns;
+			st->out_state = t->__state;
+		}
+	}
+	if (!st)
+		return 0;
+	if (st->out_ns) {
+		__u64 d = bpf_ktime_get_ns() - st->out_ns;
+		st->out_ns = 0;
+		if (st->out_state == 0) {
+			st->totals.runnable_count += 1;
+			st->totals.runnable_ns += d;
+		} else {
+			st->owed_ns += d;
+		}
+	}
+	if (st->owed_ns)
+		unpaired(st);
+	flush_task_totals(task);
 	return 0;
 }
 

@@ -62,7 +62,8 @@ struct lrec_thread_totals {
 	__u64 runnable_count; /* preempted: waiting for a CPU, not blocked */
 	__u64 runnable_ns;
 	__u64 unpaired_count; /* blocked, but its stack could not be taken (the thread ran
-			       * user code before lrec saw it again) */
+			       * user code before lrec saw it again, or the recording ended
+			       * first) */
 	__u64 unpaired_ns;
 };
 

@@ -59,6 +59,7 @@ pub(crate) enum WithoutUnwindInfo {
     Region(Arc<str>),
 }
 
+#[derive(Clone)]
 pub(crate) struct UnwoundSample {
     pub(crate) time_ns: u64,
     pub(crate) pid: u32,
@@ -188,7 +189,8 @@ pub fn run(
         Mode::Cpu => (true, false),
         Mode::OffCpu => (false, true),
         Mode::Wall => (true, true),
-        Mode::States => (false, false),
+        // Blocked intervals recorded with stacks lend them to the states taken meanwhile.
+        Mode::States => (false, true),
     };
     let wanted = (if cpu { kind_bit(kind::SAMPLE) } else { 0 })
         | (if off { kind_bit(kind::OFF_CPU) } else { 0 });
@@ -246,11 +248,12 @@ pub fn run(
             }
         })
         .collect();
-    if off {
-        unwound.push(crate::waits::unstacked_off_cpu(&meta, opts, &mut warnings));
-    }
     if opts.mode == Mode::States {
-        unwound.push(crate::waits::state_samples(&meta, &maps, opts));
+        let mut states = crate::waits::state_samples(&meta, &maps, opts);
+        crate::waits::states_with_off_cpu_stacks(&mut unwound, &mut states);
+        unwound.push(states);
+    } else if off {
+        unwound.push(crate::waits::unstacked_off_cpu(&meta, opts, &mut warnings));
     }
 
     // Symbolization and assembly work per distinct address, not per frame of each sample.

@@ -89,7 +89,7 @@ struct Cli {
     )]
     group_by: Vec<StateKey>,
     /// With --states: one CSV row per thread per thread-state sample (time_s, pid, tid,
-    /// comm, state, on_cpu, syscall, syscall_ms, wchan, leaf), for DuckDB or pandas.
+    /// comm, state, on_cpu, syscall, syscall_ms, wchan, leaf, lua), for DuckDB or pandas.
     #[arg(long, requires = "states")]
     csv: bool,
     /// Show time off CPU instead of CPU samples (`lrec --off-cpu`): every output

@@ -126,3 +126,52 @@ pub(crate) fn wait_frame(wait: Wait, min_ns: u64) -> Frame {
     };
     Frame::named(name, None, FrameKind::Wait)
 }
+
+/// With `lrec --off-cpu --states`: a thread-state sample taken while its thread was in a
+/// blocked interval that `--off-cpu` recorded gets that interval's user and Lua stack (the
+/// thread ran no user code in between), in place of its user leaf alone; its state, time
+/// and kernel stack stay its own. Off-CPU samples themselves leave the profile (`states`
+/// is what --states shows). A Lua coroutine's wait is no thread's block: not used.
+pub(crate) fn states_with_off_cpu_stacks(unwound: &mut [UnwoundChunk], states: &mut UnwoundChunk) {
+    // Per thread: (start, end, chunk, sample) of its recorded blocks.
+    let mut blocks: HashMap<u32, Vec<(u64, u64, usize, usize)>> = HashMap::new();
+    for (c, chunk) in unwound.iter().enumerate() {
+        for (i, s) in chunk.samples.iter().enumerate() {
+            if let SampleKind::OffCpu(o) = &s.kind {
+                if matches!(o.wait, Wait::Blocked(_)) {
+                    let span = (o.start_ns, o.start_ns + o.duration_ns, c, i);
+                    blocks.entry(s.tid).or_default().push(span);
+                }
+            }
+        }
+    }
+    let mut borrowed: Vec<Vec<UnwoundSample>> = unwound.iter().map(|_| Vec::new()).collect();
+    states.samples.retain(|st| {
+        let SampleKind::State(state) = &st.kind else {
+            return true;
+        };
+        if state.state == 'R' {
+            return true;
+        }
+        let block = blocks.get(&st.tid).and_then(|b| {
+            b.iter()
+                .find(|&&(start, end, _, _)| start <= st.time_ns && st.time_ns <= end)
+        });
+        let Some(&(_, _, c, i)) = block else {
+            return true;
+        };
+        let mut s = unwound[c].samples[i].clone();
+        s.time_ns = st.time_ns;
+        s.kernel = st.kernel.clone();
+        s.kernel_mode = st.kernel_mode;
+        s.kind = st.kind;
+        borrowed[c].push(s);
+        false
+    });
+    for (chunk, extra) in unwound.iter_mut().zip(borrowed) {
+        chunk
+            .samples
+            .retain(|s| !matches!(s.kind, SampleKind::OffCpu(_)));
+        chunk.samples.extend(extra);
+    }
+}

@@ -348,7 +348,8 @@ pub struct ThreadOffCpuTotals {
     pub runnable_count: u64,
     pub runnable_ns: u64,
     /// Blocked, but the thread ran user code before its stack could be taken (a page
-    /// fault, or a block outside a system call).
+    /// fault, or a block outside a system call), or was still blocked, or had not yet
+    /// returned from the system call it blocked in, when the recording ended.
     pub unpaired_count: u64,
     pub unpaired_ns: u64,
 }

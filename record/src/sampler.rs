@@ -129,6 +129,7 @@ impl Sampler {
         let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
         let follow = u32::from(cfg.follow_children);
         let off_cpu_min = cfg.off_cpu_min_ns.unwrap_or(0);
+        let attach_ns = crate::procfs::monotonic_ns();
         // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
@@ -143,6 +144,7 @@ impl Sampler {
             .override_global("wakeup_bytes", &wakeup_bytes, false)
             .override_global("target_tgid", &cfg.pids[0], false)
             .override_global("off_cpu_min_ns", &off_cpu_min, false)
+            .override_global("attach_ns", &attach_ns, false)
             .map_max_entries("scratch", ncpu as u32)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)

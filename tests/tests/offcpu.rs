@@ -151,3 +151,61 @@ fn off_cpu_time_and_thread_states_match_the_truth() {
     eprintln!("spinner: running {running:.1} %, runnable {runnable:.1} %");
     assert!(running + runnable >= 99.0, "\n{table}");
 }
+
+/// With `--off-cpu --states`, a thread-state sample taken while a Lua thread blocks in a
+/// recorded interval carries its Lua stack: `--states --group-by lua` names the Lua
+/// function it blocks in (fixtures/workloads/lua/blocking.lua, waiting for a child in
+/// os.execute), under LuaJIT and PUC Lua.
+#[test]
+fn states_of_a_blocked_lua_thread_name_its_lua_function() {
+    let Some(_guard) = bpf_test("states_of_a_blocked_lua_thread_name_its_lua_function") else {
+        return;
+    };
+    let dir = tempfile_dir("offcpu-lua");
+    for vm in ["luajit-gc64", "lua5.4-static"] {
+        let cap = dir.join(format!("{vm}.lrec"));
+        run(std::process::Command::new(bin("lrec"))
+            .args(["-F", "99", "--off-cpu", "--states", "50", "-q", "-o"])
+            .arg(&cap)
+            .arg("--")
+            .arg(fixture_bin(vm))
+            .arg(lua_workload("blocking.lua"))
+            .arg("100"));
+        let csv = lanalyze_text(&cap, &["--states", "--csv"]);
+        // The interpreter's thread while it waits for its child (children are recorded
+        // too: their comm is sh or sleep), once its VM is known (a static binary's
+        // mappings, where lrec finds it, are re-read within a second).
+        let waits: Vec<&str> = csv
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                let t: f64 = f[0].parse().unwrap();
+                t >= 1.5 && f[3] != "sh" && f[3] != "sleep" && f[4] == "sleeping" && f[6] == "wait4"
+            })
+            .collect();
+        // LuaJIT names its C library functions (os.execute); PUC Lua's innermost Lua
+        // function is the caller.
+        let lua = |l: &&&str| {
+            l.ends_with(",os.execute")
+                || (l.contains(",wait_child ") && l.ends_with("blocking.lua:7"))
+        };
+        let named = waits.iter().filter(lua).count();
+        eprintln!(
+            "{vm}: {named}/{} thread-state samples in wait4 name its Lua function",
+            waits.len()
+        );
+        assert!(
+            waits.len() >= 50,
+            "{vm}: only {} samples in wait4",
+            waits.len()
+        );
+        assert!(
+            named as f64 >= 0.85 * waits.len() as f64,
+            "{vm}: {named}/{} name its Lua function:\n{}",
+            waits.len(),
+            waits.iter().take(5).copied().collect::<Vec<_>>().join("\n")
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -72,7 +72,15 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
             }
             fx.intern_stack_frames(thread, infos.drain(..))
         });
-        fx.add_sample(thread, clock.at(s.time_ns), stack, cpu_delta, 1);
+        // Off-CPU and wall profiles weigh each sample in microseconds (as the other
+        // outputs do); time off CPU is no CPU time.
+        let on_cpu = if s.off_cpu().is_some() {
+            CpuDelta::ZERO
+        } else {
+            cpu_delta
+        };
+        let weight = i32::try_from(profile.weight(s)).unwrap_or(i32::MAX);
+        fx.add_sample(thread, clock.at(s.time_ns), stack, on_cpu, weight);
     }
     if let Some(main) = main_thread(profile) {
         add_markers(profile, &clock, &mut fx, threads[main]);

@@ -22,6 +22,9 @@ pub enum StateKey {
     Tid,
     /// The user function it is in while in the kernel (system call, fault, preemption).
     Leaf,
+    /// The innermost Lua function of its stack: known while it is blocked in an interval
+    /// that `lrec --off-cpu` recorded (with `--off-cpu --states`), else `-`.
+    Lua,
 }
 
 /// Kernel functions a blocked task passes through on its way to the scheduler; the wait
@@ -70,6 +73,7 @@ struct Row<'a> {
     state: ThreadState,
     wchan: &'a str,
     leaf: &'a str,
+    lua: &'a str,
 }
 
 impl Row<'_> {
@@ -83,6 +87,7 @@ impl Row<'_> {
             StateKey::Pid => s.pid.to_string(),
             StateKey::Tid => s.tid.to_string(),
             StateKey::Leaf => self.leaf.to_string(),
+            StateKey::Lua => self.lua.to_string(),
         }
     }
 }
@@ -111,16 +116,18 @@ fn rows<'a>(profile: &'a Profile, names: &'a [String]) -> Vec<Row<'a>> {
                 .map(|&id| profile.frame(id).function.as_str())
                 .find(|name| !in_scheduler(name))
                 .unwrap_or("-");
-            let leaf = s
-                .frames
-                .iter()
-                .rfind(|id| matches!(frame(id).kind, FrameKind::User | FrameKind::Inlined))
-                .map_or("-", |&id| names[id as usize].as_str());
+            let innermost = |kinds: &[FrameKind]| {
+                s.frames
+                    .iter()
+                    .rfind(|id| kinds.contains(&frame(id).kind))
+                    .map_or("-", |&id| names[id as usize].as_str())
+            };
             Some(Row {
                 sample: s,
                 state,
                 wchan,
-                leaf,
+                leaf: innermost(&[FrameKind::User, FrameKind::Inlined]),
+                lua: innermost(&[FrameKind::Lua]),
             })
         })
         .collect()
@@ -196,7 +203,7 @@ pub fn write_states_csv(profile: &Profile, out: &mut dyn Write) -> io::Result<()
     let start = profile.header.monotonic_start_ns;
     writeln!(
         out,
-        "time_s,pid,tid,comm,state,on_cpu,syscall,syscall_ms,wchan,leaf"
+        "time_s,pid,tid,comm,state,on_cpu,syscall,syscall_ms,wchan,leaf,lua"
     )?;
     for r in rows(profile, &names) {
         let s = r.sample;
@@ -206,7 +213,7 @@ pub fn write_states_csv(profile: &Profile, out: &mut dyn Write) -> io::Result<()
             .map_or(String::new(), |ns| format!("{:.3}", ns as f64 / 1e6));
         writeln!(
             out,
-            "{:.6},{},{},{},{},{},{},{},{},{}",
+            "{:.6},{},{},{},{},{},{},{},{},{},{}",
             s.time_ns.saturating_sub(start) as f64 / 1e9,
             s.pid,
             s.tid,
@@ -217,6 +224,7 @@ pub fn write_states_csv(profile: &Profile, out: &mut dyn Write) -> io::Result<()
             in_syscall_ms,
             csv(r.wchan),
             csv(r.leaf),
+            csv(r.lua),
         )?;
     }
     Ok(())
@@ -312,7 +320,7 @@ mod tests {
         assert_eq!(lines.len(), 5, "{text}");
         assert_eq!(
             lines[1],
-            "0.000001,1,1,sleeper,sleeping,false,clock_nanosleep,2.000,hrtimer_nanosleep,nap"
+            "0.000001,1,1,sleeper,sleeping,false,clock_nanosleep,2.000,hrtimer_nanosleep,nap,-"
         );
         assert!(
             lines[2].contains(",\"spin,ner\",running,true,-,,-,-"),

@@ -44,7 +44,7 @@ impl OffCpuSummary {
         eprintln!(
             "lrec: off-CPU: {} blocked intervals recorded with stacks; counted without: {} \
              shorter than {:.3} ms ({:.1} ms), {} waits for a CPU ({:.1} ms), {} whose stack \
-             was gone ({:.1} ms)",
+             was not taken (gone, or still blocked at the end) ({:.1} ms)",
             self.recorded,
             c.short_count,
             ms(self.min_ns),
