@@ -34,6 +34,14 @@ struct {
 	__type(value, __u64);
 } lua_wait_short SEC(".maps");
 
+/* The targets' yields (per CPU): lrec stops timing waits above --lua-waits-max-rate. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lua_yields SEC(".maps");
+
 /* lua_yield(L, nresults) */
 SEC("uprobe")
 int on_lua_yield(struct pt_regs *ctx)
@@ -41,6 +49,10 @@ int on_lua_yield(struct pt_regs *ctx)
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!bpf_map_lookup_elem(&targets, &tgid))
 		return 0;
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&lua_yields, &zero);
+	if (n)
+		*n += 1;
 	struct lua_wait_key k = { .tgid = tgid, .l = PT_REGS_PARM1(ctx) };
 	__u64 now = bpf_ktime_get_ns();
 	bpf_map_update_elem(&lua_yielded, &k, &now, BPF_ANY);

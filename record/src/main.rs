@@ -104,6 +104,11 @@ pub struct Args {
     /// stacks (`500us`, `1ms`, `0.01s`; a bare number is microseconds).
     #[arg(long, default_value = "1ms", value_name = "TIME", value_parser = duration_ns)]
     pub off_cpu_min: u64,
+    /// With --off-cpu: Lua coroutine waits are timed by uprobes on lua_yield and
+    /// lua_resume, a few microseconds per yield for the target. Above this many yields a
+    /// second (over one second) lrec stops timing them and says so; 0: never stops.
+    #[arg(long, default_value_t = 5000, value_name = "YIELDS")]
+    pub lua_waits_max_rate: u64,
     /// Also sample every thread of the target HZ times a second, the way xcapture does:
     /// state (running, runnable, sleeping, disk sleep, …), system call and for how long,
     /// kernel stack and wait channel. Read with `lanalyze --states`.

@@ -174,6 +174,14 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         for (pid, cfg) in rec.lua.take_puc_configs() {
             sampler.set_puc_config(pid, &cfg)?;
         }
+        if let Some(rate) = sampler.limit_lua_waits(args.lua_waits_max_rate) {
+            eprintln!(
+                "lrec: warning: Lua coroutines yield {rate:.0} times/s, above \
+                 --lua-waits-max-rate {}: timing their waits costs the target too much \
+                 (two uprobes per yield); stopped, later waits are not recorded",
+                args.lua_waits_max_rate
+            );
+        }
         for path in rec.lua.take_luajit_binaries() {
             if args.off_cpu {
                 if let Err(e) = sampler.probe_lua_waits(path) {
@@ -230,7 +238,8 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     }
     if args.off_cpu {
         let threads = sampler.off_cpu_totals()?;
-        rec.off_cpu_totals(args.off_cpu_min, threads, sampler.lua_waits_short())?;
+        let (short, stopped) = (sampler.lua_waits_short(), sampler.lua_waits_stopped());
+        rec.off_cpu_totals(args.off_cpu_min, threads, short, stopped)?;
     }
     let summary = rec.finish(&reason)?;
     if !args.quiet {

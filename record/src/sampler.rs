@@ -3,11 +3,11 @@
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::uprobe::UProbeScope;
+use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
 use aya::programs::{BtfTracePoint, Iter, PerfEvent, UProbe};
 use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
@@ -88,6 +88,10 @@ pub struct Sampler {
     lua_protos: RingBuf<MapData>,
     _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
+    /// The uprobes timing Lua coroutine waits, and the yield count last read and when.
+    lua_wait_links: Vec<(&'static str, UProbeLinkId)>,
+    lua_yield_rate: Option<(Instant, u64)>,
+    lua_waits_stopped: Option<f64>,
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -242,6 +246,9 @@ impl Sampler {
             lua_protos,
             _targets: targets,
             loader,
+            lua_wait_links: Vec::new(),
+            lua_yield_rate: None,
+            lua_waits_stopped: None,
         })
     }
 
@@ -259,6 +266,9 @@ impl Sampler {
     /// `path` (--off-cpu): uprobes on its lua_yield and lua_resume (ebpf/lua_wait.h), for
     /// every process mapping it (BPF keeps the targets').
     pub fn probe_lua_waits(&mut self, path: &str) -> Result<(), SamplerError> {
+        if self.lua_waits_stopped.is_some() {
+            return Ok(());
+        }
         for (prog, symbol) in [
             ("on_lua_yield", "lua_yield"),
             ("on_lua_resume", "lua_resume"),
@@ -272,23 +282,62 @@ impl Sampler {
             if probe.fd().is_err() {
                 probe.load().map_err(SamplerError::Program)?;
             }
-            probe
+            let link = probe
                 .attach(symbol, path, UProbeScope::AllProcesses)
                 .map_err(SamplerError::Program)?;
+            self.lua_wait_links.push((prog, link));
         }
         Ok(())
     }
 
-    /// Lua coroutine waits shorter than `--off-cpu-min`, counted in BPF: (count, ns).
-    pub fn lua_waits_short(&self) -> (u64, u64) {
-        let Some(map) = self.ebpf.map("lua_wait_short") else {
-            return (0, 0);
+    /// Stops timing Lua coroutine waits when the targets' coroutines yielded more than
+    /// `max_rate` times a second over the last second (0: no limit): the rate, once.
+    pub fn limit_lua_waits(&mut self, max_rate: u64) -> Option<f64> {
+        if self.lua_wait_links.is_empty() || max_rate == 0 {
+            return None;
+        }
+        let yields = self.per_cpu_sum("lua_yields", 0);
+        let (at, before) = *self.lua_yield_rate.get_or_insert((Instant::now(), yields));
+        let secs = at.elapsed().as_secs_f64();
+        if secs < 1.0 {
+            return None;
+        }
+        self.lua_yield_rate = Some((Instant::now(), yields));
+        let rate = (yields - before) as f64 / secs;
+        if rate <= max_rate as f64 {
+            return None;
+        }
+        for (prog, link) in self.lua_wait_links.drain(..) {
+            if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut UProbe>::try_from) {
+                let _ = p.detach(link);
+            }
+        }
+        self.lua_waits_stopped = Some(rate);
+        Some(rate)
+    }
+
+    /// The yield rate at which [`Sampler::limit_lua_waits`] stopped timing Lua waits.
+    pub fn lua_waits_stopped(&self) -> Option<f64> {
+        self.lua_waits_stopped
+    }
+
+    /// Element i of a per-CPU u64 array, summed over the CPUs (0 if unreadable).
+    fn per_cpu_sum(&self, map: &str, i: u32) -> u64 {
+        let Some(map) = self.ebpf.map(map) else {
+            return 0;
         };
         let Ok(map) = PerCpuArray::<_, u64>::try_from(map) else {
-            return (0, 0);
+            return 0;
         };
-        let sum = |i: u32| map.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0);
-        (sum(0), sum(1))
+        map.get(&i, 0).map(|v| v.iter().sum()).unwrap_or(0)
+    }
+
+    /// Lua coroutine waits shorter than `--off-cpu-min`, counted in BPF: (count, ns).
+    pub fn lua_waits_short(&self) -> (u64, u64) {
+        (
+            self.per_cpu_sum("lua_wait_short", 0),
+            self.per_cpu_sum("lua_wait_short", 1),
+        )
     }
 
     /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.

@@ -32,6 +32,8 @@ pub struct OffCpuSummary {
     /// Lua coroutine waits recorded, and those shorter than the minimum: (count, ns).
     pub lua_waits: u64,
     pub lua_waits_short: (u64, u64),
+    /// The yield rate at which lrec stopped timing Lua waits, if it did.
+    pub lua_waits_stopped: Option<f64>,
     pub min_ns: u64,
     /// What was counted without stacks, summed over the threads.
     pub counted: lrec_format::ThreadOffCpuTotals,
@@ -56,11 +58,19 @@ impl OffCpuSummary {
         );
         if self.lua_waits + self.lua_waits_short.0 > 0 {
             eprintln!(
-                "lrec: Lua coroutine waits (lua_yield to lua_resume): {} recorded with stacks,                  {} shorter than {:.3} ms counted ({:.1} ms; not in the capture)",
+                "lrec: Lua coroutine waits (lua_yield to lua_resume): {} recorded with stacks, {} \
+                 shorter than {:.3} ms counted ({:.1} ms; not in the capture){}",
                 self.lua_waits,
                 self.lua_waits_short.0,
                 ms(self.min_ns),
                 ms(self.lua_waits_short.1),
+                match self.lua_waits_stopped {
+                    Some(rate) => format!(
+                        "; stopped after {rate:.0} yields/s (above --lua-waits-max-rate): \
+                         later waits are not recorded"
+                    ),
+                    None => String::new(),
+                },
             );
         }
     }

@@ -73,12 +73,14 @@ impl Recording {
         min_ns: u64,
         mut threads: Vec<ThreadOffCpuTotals>,
         lua_waits_short: (u64, u64),
+        lua_waits_stopped: Option<f64>,
     ) -> Result<()> {
         threads.sort_by_key(|t| (t.pid, t.tid));
         let mut sum = OffCpuSummary {
             recorded: self.off_cpu - self.lua_waits,
             lua_waits: self.lua_waits,
             lua_waits_short,
+            lua_waits_stopped,
             min_ns,
             ..OffCpuSummary::default()
         };
