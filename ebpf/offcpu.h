@@ -199,9 +199,9 @@ int flush_totals(struct bpf_iter__task___lrec *ctx)
 		return 0;
 	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
 	struct task_struct___lrec *t = (void *)task;
-	if (!st && t->__state) {
+	if (!st && t->__state && !t->exit_state) {
 		/* A recorded thread that has not been switched since lrec attached: blocked
-		 * all along. */
+		 * all along (a zombie is not). */
 		st = recorded_task(task);
 		if (st) {
 			st->out_ns = attach_ns;
