@@ -105,13 +105,10 @@ int on_lua_resume(struct pt_regs *ctx)
 	s->off_state = LREC_OFF_LUA_YIELD;
 	s->off_start = start;
 	s->off_ns = d;
-	struct pt_regs r = {
-		.rip = ctx->rip, .rsp = ctx->rsp, .rbp = ctx->rbp, .rax = ctx->rax,
-		.rbx = ctx->rbx, .rcx = ctx->rcx, .rdx = ctx->rdx, .rsi = ctx->rsi,
-		.rdi = ctx->rdi, .r8 = ctx->r8, .r9 = ctx->r9, .r10 = ctx->r10,
-		.r11 = ctx->r11, .r12 = ctx->r12, .r13 = ctx->r13, .r14 = ctx->r14,
-		.r15 = ctx->r15, .eflags = ctx->eflags,
-	};
+	/* A uprobe's registers are the task's saved user registers. */
+	struct pt_regs r;
+	if (!task_user_regs(&r))
+		return 0;
 	w->suspended = k.l;
 	emit(b, &r, cpu);
 	w = lua_work();

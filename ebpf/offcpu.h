@@ -172,10 +172,9 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 }
 
 /* Copies a thread's counted intervals where lrec reads them. */
-static __always_inline void flush_task_totals(struct task_struct *task)
+static __always_inline void flush_task_totals(struct lrec_task *st)
 {
-	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
-	if (st && (st->totals.short_count | st->totals.runnable_count | st->totals.unpaired_count))
+	if (st->totals.short_count | st->totals.runnable_count | st->totals.unpaired_count)
 		bpf_map_update_elem(&thread_totals, &st->totals.tid, &st->totals, BPF_ANY);
 }
 
@@ -222,7 +221,7 @@ int flush_totals(struct bpf_iter__task___lrec *ctx)
 	}
 	if (st->owed_ns)
 		unpaired(st);
-	flush_task_totals(task);
+	flush_task_totals(st);
 	return 0;
 }
 

@@ -294,7 +294,9 @@ int BPF_PROG(on_exit, struct task_struct *task)
 {
 	struct task_struct___lrec *t = (void *)task;
 	__u32 pid = BPF_CORE_READ(t, pid), tgid = BPF_CORE_READ(t, tgid);
-	flush_task_totals(task);
+	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
+	if (st)
+		flush_task_totals(st);
 	if (pid == tgid)
 		bpf_map_delete_elem(&targets, &tgid);
 	return 0;

@@ -145,6 +145,9 @@ pub(crate) fn states_with_off_cpu_stacks(unwound: &mut [UnwoundChunk], states: &
             }
         }
     }
+    for spans in blocks.values_mut() {
+        spans.sort_unstable();
+    }
     let mut borrowed: Vec<Vec<UnwoundSample>> = unwound.iter().map(|_| Vec::new()).collect();
     states.samples.retain(|st| {
         let SampleKind::State(state) = &st.kind else {
@@ -153,9 +156,10 @@ pub(crate) fn states_with_off_cpu_stacks(unwound: &mut [UnwoundChunk], states: &
         if state.state == 'R' {
             return true;
         }
+        // A thread's blocks do not overlap: the last one starting at or before the sample.
         let block = blocks.get(&st.tid).and_then(|b| {
-            b.iter()
-                .find(|&&(start, end, _, _)| start <= st.time_ns && st.time_ns <= end)
+            let after = b.partition_point(|&(start, ..)| start <= st.time_ns);
+            b[..after].last().filter(|&&(_, end, ..)| st.time_ns <= end)
         });
         let Some(&(_, _, c, i)) = block else {
             return true;
