@@ -6,7 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod latency;
 mod off_cpu;
+pub use latency::*;
 pub use off_cpu::*;
 
 /// Numeric record kinds. Never reuse a number; add new kinds at the end.
@@ -42,6 +44,11 @@ pub mod kind {
     /// Off-CPU time counted but not recorded with stacks, per thread
     /// ([`OffCpuTotals`](super::OffCpuTotals)).
     pub const OFF_CPU_TOTALS: u16 = 24;
+    /// What `--latency`/`--node-loop` timed and the histograms of the durations
+    /// ([`Latency`](super::Latency)), written at the end.
+    pub const LATENCY: u16 = 25;
+    /// One timed call (`--latency-events`, [`LatencyCall`](super::LatencyCall)).
+    pub const LATENCY_CALL: u16 = 26;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -583,4 +590,6 @@ records!(
     OffCpu = OFF_CPU,
     ThreadStates = THREAD_STATES,
     OffCpuTotals = OFF_CPU_TOTALS,
+    Latency = LATENCY,
+    LatencyCall = LATENCY_CALL,
 );

@@ -227,7 +227,11 @@ impl<W: CaptureSink> CaptureWriter<W> {
         // A sample's Lua frames travel with it, just before it in the same chunk.
         let is_sample = matches!(
             record.kind(),
-            kind::SAMPLE | kind::LUA_STACK | kind::OFF_CPU | kind::THREAD_STATES
+            kind::SAMPLE
+                | kind::LUA_STACK
+                | kind::OFF_CPU
+                | kind::THREAD_STATES
+                | kind::LATENCY_CALL
         );
         let pending = if is_sample {
             &mut self.samples
