@@ -272,6 +272,7 @@ int sample(struct bpf_perf_event_data *ctx)
 
 #include "offcpu.h"
 #include "lua_wait.h"
+#include "latency.h"
 
 /* A target forked a process: record it from its first instruction on. (Here, not in a
  * file of its own, because it shares the targets map with the sampler.) */

@@ -268,4 +268,34 @@ struct lrec_puc_config {
 	__u32 pad;
 };
 
+/* Timed calls (ebpf/latency.h), read by lrec (record/src/raw.rs asserts the layouts). */
+struct lrec_lat_hist_key {
+	__u32 tid;
+	__u16 probe;
+	__u16 bucket;
+};
+
+struct lrec_lat_stat_key {
+	__u32 tid;
+	__u32 probe;
+};
+
+struct lrec_lat_stat {
+	__u32 pid;
+	__u32 pad;
+	__u64 count;
+	__u64 sum_ns;
+	__u64 min_ns;
+	__u64 max_ns;
+};
+
+struct lrec_lat_event {
+	__u32 probe;
+	__u32 pid;
+	__u32 tid;
+	__u32 pad;
+	__u64 start_ns;
+	__u64 duration_ns;
+};
+
 #endif

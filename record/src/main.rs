@@ -3,6 +3,7 @@
 mod embedder;
 mod flight;
 mod kallsyms;
+mod latency;
 mod lua;
 mod luajit;
 mod luajit_builtins;
@@ -115,6 +116,27 @@ pub struct Args {
     #[arg(long, value_name = "HZ", num_args = 0..=1, default_missing_value = "20",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub states: Option<u32>,
+    /// Time every call of a function in the target, from entry to return, into
+    /// histograms per thread (read with `lanalyze --latency`): SYMBOL (any binary the
+    /// target maps that defines it, local .symtab symbols included), BINARY:SYMBOL
+    /// (`libc.so.6:malloc`, `nginx:ngx_http_lua_content_handler`) or BINARY:0xADDRESS
+    /// (a function's first instruction as `nm`/`objdump` print it, for stripped code).
+    /// Repeatable. Each call costs the target a few microseconds: see
+    /// --latency-max-rate.
+    #[arg(long, value_name = "SPEC")]
+    pub latency: Vec<latency::Spec>,
+    /// Time the phases of a Node.js (libuv) event loop in the target, per iteration:
+    /// pending, idle, prepare, poll, check, closing, timers, and the iteration itself.
+    #[arg(long)]
+    pub node_loop: bool,
+    /// Stop timing a function (or the node loop) called more than this many times a
+    /// second, said in a warning, the summary and the capture; 0: never stop.
+    #[arg(long, default_value_t = 10_000, value_name = "CALLS")]
+    pub latency_max_rate: u64,
+    /// With --latency/--node-loop, also write each timed call (start and duration) into
+    /// the capture: a timeline, markers in `lanalyze --firefox`.
+    #[arg(long)]
+    pub latency_events: bool,
     /// Ring-buffer size in MiB (a power of two).
     #[arg(long, default_value_t = 32, value_name = "MIB")]
     pub ring_mib: u32,
@@ -220,6 +242,9 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         .unwrap_or(100_000);
     if args.frequency == 0 || args.frequency > max_rate {
         bail!("-F must be between 1 and {max_rate} (kernel.perf_event_max_sample_rate)");
+    }
+    if args.latency_events && args.latency.is_empty() && !args.node_loop {
+        bail!("--latency-events needs --latency SPEC or --node-loop");
     }
     if !args.ring_mib.is_power_of_two() {
         bail!("--ring-mib must be a power of two");

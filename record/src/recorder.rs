@@ -14,6 +14,7 @@ use lrec_format::{
 
 use crate::embedder::{Embedder, Job};
 use crate::flight::Flight;
+use crate::latency::Tracker;
 use crate::lua::{LuaVms, VmCode};
 use crate::output::{self, Output, WriteFailed};
 use crate::procfs::{self, MapsEntry};
@@ -108,6 +109,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         loaders: target.loaders(&args.command),
         off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
         states: args.states.is_some(),
+        latency: latency_wanted(args).then_some(args.latency_events),
     });
     let mut sampler = match sampler {
         Ok(s) => s,
@@ -131,6 +133,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     // target was forked before and keeps its own.
     procfs::lower_priority();
     let mut rec = Recording::new(debug, writer, args.debug_dir.clone());
+    if latency_wanted(args) {
+        let specs = args.latency.clone();
+        rec.latency = Some(Tracker::new(specs, args.node_loop, args.debug_dir.clone()));
+    }
     for &pid in &pids {
         rec.add_process(pid)?;
     }
@@ -189,6 +195,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
                 }
             }
         }
+        rec.time_calls(&mut sampler, args.latency_max_rate)?;
         for msg in rec.lua.messages.drain(..) {
             eprintln!("lrec: {msg}");
         }
@@ -226,6 +233,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     }
     // What the last moments left in the ring buffer, whatever ended the recording.
     drain(&mut sampler, &mut rec)?;
+    rec.time_calls(&mut sampler, 0)?;
     rec.note_lost(sampler.lost())?;
     let bpf_cost = sampler.bpf_cost();
     let elapsed = started.elapsed();
@@ -241,11 +249,25 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         let (short, stopped) = (sampler.lua_waits_short(), sampler.lua_waits_stopped());
         rec.off_cpu_totals(args.off_cpu_min, threads, short, stopped)?;
     }
+    let latency = rec
+        .latency
+        .as_mut()
+        .map(|t| t.finish(&sampler, args.latency_max_rate));
+    if let Some(latency) = &latency {
+        rec.writer.push(&Record::Latency(latency.clone()))?;
+    }
     let summary = rec.finish(&reason)?;
     if !args.quiet {
         summary.print(elapsed, &reason, output, bpf_cost);
+        if let Some(latency) = &latency {
+            crate::latency::print_summary(latency, elapsed);
+        }
     }
     Ok(sampler)
+}
+
+fn latency_wanted(args: &Args) -> bool {
+    !args.latency.is_empty() || args.node_loop
 }
 
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
@@ -289,6 +311,8 @@ struct Recording {
     lua_waits: u64,
     state_samples: u64,
     lost: u64,
+    /// `--latency`, `--node-loop`.
+    latency: Option<Tracker>,
 }
 
 impl Recording {
@@ -317,6 +341,7 @@ impl Recording {
             lua_waits: 0,
             state_samples: 0,
             lost: 0,
+            latency: None,
         }
     }
 
@@ -570,6 +595,40 @@ impl Recording {
                 self.lua.add_vm(pid, &entry.path, code);
             }
         }
+    }
+
+    /// Attaches the uprobes that new mappings call for, stops timing what is called too
+    /// often (`max_rate`, 0: no limit) and writes the calls timed with --latency-events.
+    fn time_calls(&mut self, sampler: &mut Sampler, max_rate: u64) -> Result<()> {
+        let Some(t) = &mut self.latency else {
+            return Ok(());
+        };
+        // What the node loop's events end must be known before they fire.
+        for (event, mark) in t.take_node_marks() {
+            sampler.set_latency_mark(event, mark)?;
+        }
+        for a in std::mem::take(&mut t.attach) {
+            if let Err(e) = sampler.attach_latency(a.role, &a.path, a.file_offset, a.pid) {
+                t.messages.push(format!(
+                    "warning: no uprobe at {:#x} of {} in process {}: {:#}",
+                    a.file_offset,
+                    a.path.display(),
+                    a.pid,
+                    anyhow::Error::from(e)
+                ));
+            }
+        }
+        t.limit(sampler, max_rate);
+        for msg in t.messages.drain(..) {
+            eprintln!("lrec: {msg}");
+        }
+        let mut failure = None;
+        sampler.drain_latency_events(|call| {
+            if failure.is_none() {
+                failure = self.writer.push(&Record::LatencyCall(call)).err();
+            }
+        });
+        failure.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn flush(&mut self) -> Result<()> {

@@ -13,6 +13,9 @@ use aya::Btf;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::raw::{RawLuaConfig, RawPucConfig};
+
+mod latency;
+pub use latency::{RawMark, Role, MAX_PROBES as MAX_LATENCY_PROBES, NONE as NO_PROBE};
 use lrec_format::ThreadOffCpuTotals;
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
@@ -34,6 +37,9 @@ pub struct SamplerConfig {
     pub off_cpu_min_ns: Option<u64>,
     /// Trace system calls and load the thread-state iterator (`--states`).
     pub states: bool,
+    /// Time calls (`--latency`, `--node-loop`); `Some(true)`: also write each call
+    /// (`--latency-events`).
+    pub latency: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +98,7 @@ pub struct Sampler {
     lua_wait_links: Vec<(&'static str, UProbeLinkId)>,
     lua_yield_rate: Option<(Instant, u64)>,
     lua_waits_stopped: Option<f64>,
+    latency: latency::LatencyLinks,
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -134,6 +141,20 @@ impl Sampler {
         let follow = u32::from(cfg.follow_children);
         let off_cpu_min = cfg.off_cpu_min_ns.unwrap_or(0);
         let attach_ns = crate::procfs::monotonic_ns();
+        // Without --latency its tables stay at one entry.
+        let (lat_hist, lat_stats, lat_ring, lat_events) = match cfg.latency {
+            None => (1, 1, 4096, 0u32),
+            Some(events) => (
+                latency::HIST_ENTRIES,
+                latency::STAT_ENTRIES,
+                if events {
+                    latency::EVENT_RING_BYTES
+                } else {
+                    4096
+                },
+                u32::from(events),
+            ),
+        };
         // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
@@ -149,6 +170,10 @@ impl Sampler {
             .override_global("target_tgid", &cfg.pids[0], false)
             .override_global("off_cpu_min_ns", &off_cpu_min, false)
             .override_global("attach_ns", &attach_ns, false)
+            .override_global("lat_events_on", &lat_events, false)
+            .map_max_entries("lat_hist", lat_hist)
+            .map_max_entries("lat_stats", lat_stats)
+            .map_max_entries("lat_events", lat_ring)
             .map_max_entries("scratch", ncpu as u32)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)
@@ -249,6 +274,7 @@ impl Sampler {
             lua_wait_links: Vec::new(),
             lua_yield_rate: None,
             lua_waits_stopped: None,
+            latency: Default::default(),
         })
     }
 
@@ -406,6 +432,10 @@ impl Sampler {
             "on_sys_enter",
             "on_lua_yield",
             "on_lua_resume",
+            "lat_entry",
+            "lat_return",
+            "lat_mark_entry",
+            "lat_mark_return",
         ]
         .into_iter()
         .filter_map(|name| {

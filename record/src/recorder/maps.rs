@@ -138,6 +138,9 @@ impl Recording {
             if entry.perms.contains('x') {
                 let bkey = build_id.unwrap_or_else(|| entry.path.as_bytes().to_vec());
                 self.find_vm(pid, &entry, &bkey);
+                if let Some(t) = &mut self.latency {
+                    t.on_mapping(pid, &entry, &bkey);
+                }
                 proc.exec_entries.push((entry, bkey));
             }
             current.insert(key);
