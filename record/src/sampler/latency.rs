@@ -119,8 +119,11 @@ impl Sampler {
         file_offset: u64,
         pid: u32,
     ) -> Result<(), SamplerError> {
+        // The return probe first, and detached last: every entry timed has its return
+        // probe. (A uprobe on a function that runs hot takes long to add or remove: the
+        // target's traps starve the kernel's lock on its memory map.)
         let (progs, cookie): (&[&'static str], u32) = match role {
-            Role::Function { probe } => (&["lat_entry", "lat_return"], probe),
+            Role::Function { probe } => (&["lat_return", "lat_entry"], probe),
             Role::Mark {
                 event,
                 at_return: false,
@@ -182,7 +185,7 @@ impl Sampler {
             .partition::<Vec<_>, _>(|(role, _, _)| which(*role));
         self.latency.links = kept;
         let n = gone.len();
-        for (_, prog, link) in gone {
+        for (_, prog, link) in gone.into_iter().rev() {
             if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut UProbe>::try_from) {
                 let _ = p.detach(link);
             }
