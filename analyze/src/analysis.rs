@@ -259,9 +259,11 @@ pub fn run(
     // Symbolization and assembly work per distinct address, not per frame of each sample.
     let distinct = distinct_frames(&unwound);
     let names = symbolize_images(&images, &distinct.user, &mut warnings);
-    Ok(crate::assemble::assemble(
+    let mut profile = crate::assemble::assemble(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
-    ))
+    );
+    profile.latency = meta.latencies(opts);
+    Ok(profile)
 }
 
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread

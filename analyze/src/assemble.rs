@@ -171,6 +171,7 @@ pub(crate) fn assemble(
         warnings: warnings.into_sorted(),
         naming: Naming::default(),
         mode: Default::default(),
+        latency: None,
     }
 }
 

@@ -27,8 +27,8 @@ mod waits;
 use lrec_format::{Binary, Capture};
 
 pub use profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Mode, Naming, OffCpu, Profile,
-    ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Wait, Warning,
+    BinaryInfo, Frame, FrameId, FrameKind, Latencies, LuaLines, LuaVmInfo, Mode, Naming, OffCpu,
+    Profile, ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Wait, Warning,
 };
 
 /// What [`analyze`] should do.
@@ -117,6 +117,16 @@ pub enum AnalyzeError {
              the capture lrec wrote"
     )]
     StrippedCpuOnly,
+    #[error(
+        "the capture holds no latency measurements: record them with `lrec --latency \
+         SYMBOL` (a function, entry to return) or `lrec --node-loop` (Node.js event loop)"
+    )]
+    NoLatency,
+    #[error(
+        "the capture was cut short before lrec wrote its latency measurements, which it \
+         writes when the recording ends (was lrec killed?)"
+    )]
+    LatencyCutShort,
 }
 
 /// What a [`BinaryLocator`] is asked to find.
@@ -153,6 +163,17 @@ pub fn analyze(capture: &Capture, opts: &Options) -> Result<Profile, AnalyzeErro
     } else {
         analyze_with(capture, opts, &loader::LocalFiles::default())
     }
+}
+
+/// What `lrec --latency` or `--node-loop` measured, filtered by `opts` (`mode`, `naming`
+/// and `offline` do not matter): only the capture's metadata is decoded, no sample is
+/// unwound.
+pub fn read_latencies(capture: &Capture, opts: &Options) -> Result<Latencies, AnalyzeError> {
+    let meta = metadata::read_metadata(capture);
+    meta.latencies(opts).ok_or(match meta.end {
+        Some(_) => AnalyzeError::NoLatency,
+        None => AnalyzeError::LatencyCutShort,
+    })
 }
 
 /// Analyses a capture with local files supplied by `locator`.

@@ -32,11 +32,18 @@ EXAMPLES:
     lanalyze out.lrec --states                            average threads per state and call
     lanalyze out.lrec --states --group-by comm,state,wchan
     lanalyze out.lrec --states --csv > states.csv         one row per thread per sample
-    lanalyze out.lrec --folded --offline       use only what the capture holds";
+    lanalyze out.lrec --folded --offline       use only what the capture holds
+
+  Captures of `lrec --latency SYMBOL` and `lrec --node-loop` (durations of calls):
+    lanalyze out.lrec --latency                           per function: p50, p99, histogram;
+                                                          Node.js event-loop phases per thread
+    lanalyze out.lrec --latency --per-thread              a row per function and thread
+    lanalyze out.lrec --latency --csv -o latency.csv      a CSV row per function";
 
 /// Analyse an lrec capture: unwind, symbolize and render it.
 #[derive(Debug, Parser)]
 #[command(version, after_help = EXAMPLES)]
+#[command(group(clap::ArgGroup::new("tables").args(["states", "latency"])))]
 struct Cli {
     /// The capture written by `lrec -o` (with --diff: the BEFORE and AFTER captures).
     #[arg(required = true, num_args = 1..=2, value_name = "CAPTURE")]
@@ -78,6 +85,16 @@ struct Cli {
     /// of --group-by (xtop's "average active threads") and their share of all samples.
     #[arg(long, group = "mode")]
     states: bool,
+    /// Durations of the calls lrec timed, from a capture of `lrec --latency SYMBOL` (a
+    /// function, entry to return) or `lrec --node-loop` (Node.js's event loop): per
+    /// function, the count, p50, p90, p99, max and mean, a histogram, and how entries and
+    /// returns paired; per thread running a Node.js event loop, each phase's time and share
+    /// of the loop's time. Reads only the capture's metadata: no sample is unwound.
+    #[arg(long, group = "mode", conflicts_with_all = ["time", "off_cpu", "wall"])]
+    latency: bool,
+    /// With --latency: a row per function and thread (pid, tid, thread name).
+    #[arg(long, requires = "latency")]
+    per_thread: bool,
     /// Columns to group --states by, comma-separated.
     #[arg(
         long,
@@ -88,9 +105,11 @@ struct Cli {
         value_name = "KEYS"
     )]
     group_by: Vec<StateKey>,
-    /// With --states: one CSV row per thread per thread-state sample (time_s, pid, tid,
-    /// comm, state, on_cpu, syscall, syscall_ms, wchan, leaf, lua), for DuckDB or pandas.
-    #[arg(long, requires = "states")]
+    /// CSV for DuckDB or pandas. With --states: a row per thread per thread-state sample
+    /// (time_s, pid, tid, comm, state, on_cpu, syscall, syscall_ms, wchan, leaf, lua).
+    /// With --latency: a row per function (function, count, p50_us, p90_us, p99_us,
+    /// max_us, min_us, mean_us, total_us, kind, pid, tid; pid and tid with --per-thread).
+    #[arg(long, requires = "tables")]
     csv: bool,
     /// Show time off CPU instead of CPU samples (`lrec --off-cpu`): every output
     /// weighs stacks by the microseconds their threads spent blocked in them, with the
@@ -154,7 +173,7 @@ fn run(cli: Cli) -> Result<()> {
         (true, _) => bail!("--diff compares two captures: lanalyze --diff BEFORE AFTER --top 20"),
         (false, _) => bail!("pass one capture (or two with --diff)"),
     }
-    if cli.diff && (cli.pprof || cli.speedscope || cli.firefox || cli.strip) {
+    if cli.diff && (cli.pprof || cli.speedscope || cli.firefox || cli.strip || cli.latency) {
         bail!("--diff draws --flamegraph, --folded or --top (the default)");
     }
     if let Some(out) = &cli.output {
@@ -192,6 +211,9 @@ fn run(cli: Cli) -> Result<()> {
     if cli.diff && opts.mode != Mode::Cpu {
         bail!("--diff compares CPU samples");
     }
+    if cli.latency {
+        return write_latency(&cli, &opts);
+    }
     let profiles = cli
         .captures
         .iter()
@@ -212,12 +234,7 @@ fn run(cli: Cli) -> Result<()> {
         return strip::write_stripped(&profiles[0], BufWriter::new(file))
             .with_context(|| format!("cannot write {}", path.display()));
     }
-    let mut out: Box<dyn Write> = match &cli.output {
-        Some(path) => Box::new(BufWriter::new(
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(io::stdout().lock())),
-    };
+    let mut out = output(cli.output.as_deref())?;
     let written = if let [before, after] = profiles.as_slice() {
         if cli.folded {
             render::write_diff_folded(before, after, stack_opts, &mut out)
@@ -258,6 +275,38 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
     };
+    finish(written, out)
+}
+
+/// `--latency`: reads only what lrec timed, no samples.
+fn write_latency(cli: &Cli, opts: &Options) -> Result<()> {
+    let path = &cli.captures[0];
+    let latencies = lanalyze::read_latencies(&open(path)?, opts)
+        .with_context(|| format!("cannot report latency of {}", path.display()))?;
+    let mut out = output(cli.output.as_deref())?;
+    let written = if cli.csv {
+        for u in &latencies.record.unresolved {
+            eprintln!("lanalyze: warning: not timed: {u}");
+        }
+        render::write_latency_csv(&latencies, cli.per_thread, &mut out)
+    } else {
+        render::write_latency(&latencies, cli.per_thread, &mut out)
+    };
+    finish(written, out)
+}
+
+/// Where the output goes: -o FILE, else stdout.
+fn output(path: Option<&Path>) -> Result<Box<dyn Write>> {
+    Ok(match path {
+        Some(path) => Box::new(BufWriter::new(
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(io::stdout().lock())),
+    })
+}
+
+/// Flushes the output; a reader that went away (`| head`) is no error.
+fn finish(written: io::Result<()>, mut out: Box<dyn Write>) -> Result<()> {
     written
         .and_then(|()| out.flush())
         .or_else(|e| match e.kind() {
@@ -267,10 +316,13 @@ fn run(cli: Cli) -> Result<()> {
         .context("cannot write the output")
 }
 
+fn open(path: &Path) -> Result<Capture> {
+    Capture::open(path).with_context(|| format!("cannot read capture {}", path.display()))
+}
+
 /// Reads and analyses one capture, printing its warnings.
 fn load(path: &Path, opts: &Options) -> Result<Profile> {
-    let capture =
-        Capture::open(path).with_context(|| format!("cannot read capture {}", path.display()))?;
+    let capture = open(path)?;
     let profile =
         analyze(&capture, opts).with_context(|| format!("cannot analyse {}", path.display()))?;
     for w in &profile.warnings {

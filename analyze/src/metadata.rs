@@ -3,11 +3,14 @@
 use std::collections::HashMap;
 
 use lrec_format::{
-    kind, kind_bit, Binary, Capture, End, Header, LuaProto, LuaRuntime, Mapping, OffCpuTotals,
-    Process, ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample, ResolvedSummary,
-    ThreadStates,
+    kind, kind_bit, Binary, Capture, End, Header, Latency, LatencyCall, LuaProto, LuaRuntime,
+    Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample,
+    ResolvedSummary, ThreadStates,
 };
 use rayon::prelude::*;
+
+use crate::profile::Latencies;
+use crate::Options;
 
 /// The few non-sample records of a capture.
 #[derive(Debug, Default)]
@@ -36,6 +39,11 @@ pub struct Metadata {
     pub off_cpu_totals: Option<OffCpuTotals>,
     /// `lrec --states`: every thread's state, in capture order.
     pub thread_states: Vec<ThreadStates>,
+    /// `lrec --latency`, `--node-loop`: the last record of what was timed (one is written
+    /// when the recording ends).
+    pub latency: Option<Latency>,
+    /// `lrec --latency-events`: each timed call, in capture order.
+    pub latency_calls: Vec<LatencyCall>,
 }
 
 /// Decodes every chunk (in parallel) and keeps all records except samples.
@@ -133,11 +141,42 @@ impl Metadata {
             Record::ResolvedSummary(r) => self.resolved_summary = Some(r),
             Record::OffCpuTotals(t) => self.off_cpu_totals = Some(t),
             Record::ThreadStates(t) => self.thread_states.push(t),
+            Record::Latency(l) => self.latency = Some(l),
+            Record::LatencyCall(c) => self.latency_calls.push(c),
             Record::Sample(_)
             | Record::OffCpu(_)
             | Record::LuaStack(_)
             | Record::Unknown { .. } => {}
         }
+    }
+
+    /// What `lrec --latency` or `--node-loop` measured, filtered by `opts`; `None` when
+    /// the capture holds no [`Latency`] record.
+    pub fn latencies(&self, opts: &Options) -> Option<Latencies> {
+        let mut record = self.latency.clone()?;
+        // A histogram covers the whole recording: only --pid and --tid apply.
+        let (pid, tid) = (opts.pid, opts.tid);
+        record
+            .histograms
+            .retain(|h| pid.is_none_or(|p| p == h.pid) && tid.is_none_or(|t| t == h.tid));
+        let start_ns = self.header.as_ref().map_or(0, |h| h.monotonic_start_ns);
+        let calls: Vec<LatencyCall> = self
+            .latency_calls
+            .iter()
+            .filter(|c| opts.keeps(start_ns, c.pid, c.tid, c.start_ns))
+            .cloned()
+            .collect();
+        let threads = record.histograms.iter().map(|h| (h.pid, h.tid));
+        let thread_names = threads
+            .chain(calls.iter().map(|c| (c.pid, c.tid)))
+            .map(|(pid, tid)| ((pid, tid), crate::assemble::thread_name(self, pid, tid)))
+            .collect();
+        Some(Latencies {
+            record,
+            calls,
+            thread_names,
+            start_ns,
+        })
     }
 
     /// Index into `binaries` of the binary a mapping maps (see [`BinaryKey`]).
@@ -168,5 +207,79 @@ impl<'a> BinaryKey<'a> {
 
     pub fn of_binary(b: &'a Binary) -> BinaryKey<'a> {
         BinaryKey::of(&b.build_id, &b.path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lrec_format::{CaptureWriter, LatencyHistogram, Sample, ThreadName};
+
+    /// Two latency records (the last one counts), calls in chunks of samples, and filters.
+    #[test]
+    fn latency_records_are_kept_and_filtered() {
+        let header = Header {
+            monotonic_start_ns: 1_000,
+            ..Header::default()
+        };
+        let mut w = CaptureWriter::new(Vec::new(), &header).unwrap();
+        let latency = |max_rate| Latency {
+            max_rate,
+            histograms: [(7, 7), (7, 8)]
+                .map(|(pid, tid)| LatencyHistogram {
+                    pid,
+                    tid,
+                    ..LatencyHistogram::default()
+                })
+                .to_vec(),
+            ..Latency::default()
+        };
+        w.push(&Record::Latency(latency(1))).unwrap();
+        let name = "app".to_string();
+        w.push(
+            &ThreadName {
+                pid: 7,
+                tid: 7,
+                name,
+            }
+            .into(),
+        )
+        .unwrap();
+        for (tid, start_ns) in [(7, 1_500), (8, 3_000)] {
+            let call = LatencyCall {
+                tid,
+                pid: 7,
+                start_ns,
+                ..LatencyCall::default()
+            };
+            w.push(&Record::LatencyCall(call)).unwrap();
+            w.push(&Sample::default().into()).unwrap();
+        }
+        w.flush().unwrap();
+        w.push(&Record::Latency(latency(2))).unwrap();
+        let capture = Capture::from_bytes(w.finish().unwrap()).unwrap();
+        let meta = read_metadata(&capture);
+        assert_eq!(meta.latency.as_ref().map(|l| l.max_rate), Some(2));
+        assert_eq!(meta.latency_calls.len(), 2);
+
+        let all = meta.latencies(&Options::default()).unwrap();
+        assert_eq!((all.record.histograms.len(), all.calls.len()), (2, 2));
+        assert_eq!(all.start_ns, 1_000);
+        let names: Vec<&str> = all.thread_names.values().map(String::as_str).collect();
+        assert_eq!(names, ["app", "[tid 8]"]);
+        let opts = Options {
+            tid: Some(8),
+            ..Options::default()
+        };
+        let one = meta.latencies(&opts).unwrap();
+        assert_eq!((one.record.histograms.len(), one.calls.len()), (1, 1));
+        // --time keeps the calls that started in it, and every histogram.
+        let opts = Options {
+            time: Some("0..0.000001".parse().unwrap()),
+            ..Options::default()
+        };
+        let early = meta.latencies(&opts).unwrap();
+        assert_eq!((early.record.histograms.len(), early.calls.len()), (2, 1));
+        assert!(Metadata::default().latencies(&opts).is_none());
     }
 }

@@ -1,6 +1,8 @@
 //! The analysed profile: what every renderer reads.
 
-use lrec_format::Header;
+use std::collections::BTreeMap;
+
+use lrec_format::{Header, Latency, LatencyCall};
 
 /// Index into [`Profile::frames`].
 pub type FrameId = u32;
@@ -269,6 +271,23 @@ pub struct Profile {
     pub naming: Naming,
     /// Which samples the profile holds and what they weigh.
     pub mode: Mode,
+    /// What `lrec --latency` or `--node-loop` timed, when it did.
+    pub latency: Option<Latencies>,
+}
+
+/// What `lrec --latency` or `--node-loop` measured: the capture's [`Latency`] record and
+/// its [`LatencyCall`]s, kept as recorded but for the `--pid`/`--tid`/`--time` filters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Latencies {
+    /// The probes and each thread's histogram of durations (filtered by pid and tid: a
+    /// histogram covers the whole recording).
+    pub record: Latency,
+    /// Each timed call (`lrec --latency-events`), in capture order, filtered by its start.
+    pub calls: Vec<LatencyCall>,
+    /// The name of every thread of `record` and `calls`, by (pid, tid).
+    pub thread_names: BTreeMap<(u32, u32), String>,
+    /// CLOCK_MONOTONIC when recording started (the header's).
+    pub start_ns: u64,
 }
 
 impl Profile {

@@ -6,11 +6,14 @@
 //! and flags, the header, thread names, lost counts, the end record, and a summary of the
 //! binaries, Lua VMs and warnings. Every output of lanalyze reads it like the original
 //! (filters, `--lines` and `--mark-jit` included: frames keep those details).
+//! What `lrec --latency` measured holds no memory of the target: its records are copied
+//! as they are (with the names of their threads), so `--latency` reads both alike.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 
 use lrec_format::{
-    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, FormatError, Lost,
+    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, FormatError, Lost, Record,
     ResolvedFrame, ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
 };
 
@@ -25,15 +28,15 @@ const FRAMES_PER_RECORD: usize = 4096;
 /// Writes `profile` as a stripped capture to `out`.
 pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatError> {
     let mut w = CaptureWriter::new(out, &profile.header)?;
-    for t in &profile.threads {
-        w.push(
-            &ThreadName {
-                pid: t.pid,
-                tid: t.tid,
-                name: t.name.clone(),
-            }
-            .into(),
-        )?;
+    let mut names: BTreeMap<(u32, u32), &String> = BTreeMap::new();
+    // Threads that were timed but not sampled keep their names too.
+    if let Some(l) = &profile.latency {
+        names.extend(l.thread_names.iter().map(|(&key, name)| (key, name)));
+    }
+    names.extend(profile.threads.iter().map(|t| ((t.pid, t.tid), &t.name)));
+    for ((pid, tid), name) in names {
+        let name = name.clone();
+        w.push(&ThreadName { pid, tid, name }.into())?;
     }
     w.push(
         &ResolvedSummary {
@@ -52,6 +55,12 @@ pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatEr
     }
     for s in &profile.samples {
         w.push(&resolved_sample(s).into())?;
+    }
+    if let Some(l) = &profile.latency {
+        w.push(&Record::Latency(l.record.clone()))?;
+        for c in &l.calls {
+            w.push(&Record::LatencyCall(c.clone()))?;
+        }
     }
     let last = profile.stats.last_time_ns.unwrap_or_default();
     if profile.stats.lost > 0 {
@@ -123,6 +132,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         warnings,
         naming: opts.naming,
         mode: crate::Mode::Cpu,
+        latency: meta.latencies(opts),
     }
 }
 

@@ -1,8 +1,9 @@
 //! The Firefox Profiler's processed profile format, built with samply's
 //! `fxprof-processed-profile` crate: a process per pid, a track per thread, every sample at
-//! its time, frames colored by category (Lua, JIT, C / native, Kernel, GC), and the
-//! capture's counts and warnings as markers on the main thread. profiler.firefox.com and
-//! the Perfetto UI open it.
+//! its time, frames colored by category (Lua, JIT, C / native, Kernel, GC), the
+//! capture's counts and warnings as markers on the main thread, and each call that
+//! `lrec --latency-events` timed as a marker on its thread. profiler.firefox.com and the
+//! Perfetto UI open it.
 //!
 //! The profile holds names, not addresses, so every frame is a label.
 
@@ -11,11 +12,12 @@ use std::io::{self, Write};
 
 use fxprof_processed_profile::{
     CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame as FxFrame, FrameFlags,
-    FrameInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, ProcessHandle,
-    Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker,
-    StaticSchemaMarkerField, StringHandle, ThreadHandle, Timestamp,
+    FrameInfo, ProcessHandle, Profile as FxProfile, ReferenceTimestamp, SamplingInterval,
+    StackHandle, StringHandle, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap;
+
+mod markers;
 
 use super::TRUNCATED_FRAME;
 use crate::lua::luajit;
@@ -39,7 +41,8 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
         fx.set_os_name(&format!("Linux {}", profile.header.kernel_release));
     }
     let categories = Categories::add(&mut fx);
-    let threads = add_threads(profile, &clock, &mut fx);
+    let tracks = tracks(profile);
+    let threads = add_threads(&tracks, &clock, &mut fx);
 
     // cpu-clock fires only while the thread runs: each sample is one period on the CPU
     // (none claimed when the period is unknown).
@@ -83,7 +86,14 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
         fx.add_sample(thread, clock.at(s.time_ns), stack, on_cpu, weight);
     }
     if let Some(main) = main_thread(profile) {
-        add_markers(profile, &clock, &mut fx, threads[main]);
+        markers::add_markers(profile, &clock, &mut fx, threads[main]);
+    }
+    if let Some(l) = &profile.latency {
+        let by_thread = tracks.iter().zip(&threads);
+        let by_thread = by_thread
+            .map(|(t, &handle)| ((t.pid, t.tid), handle))
+            .collect();
+        markers::add_latency_markers(l, &clock, &mut fx, &by_thread);
     }
     fx
 }
@@ -190,28 +200,71 @@ impl Categories {
     }
 }
 
-/// A process per pid (named after its main thread) and a thread track per profile
-/// thread, in the order of [`Profile::threads`].
-fn add_threads(profile: &Profile, clock: &Clock, fx: &mut FxProfile) -> Vec<ThreadHandle> {
-    let mut first_ns = vec![u64::MAX; profile.threads.len()];
-    for s in &profile.samples {
-        first_ns[s.thread] = first_ns[s.thread].min(s.time_ns);
-    }
-    let mut processes: BTreeMap<u32, ProcessHandle> = BTreeMap::new();
-    profile
+/// A thread's track: a thread of the profile, or one with timed calls only.
+struct Track<'a> {
+    pid: u32,
+    tid: u32,
+    name: &'a str,
+    /// Its first sample or timed call (`u64::MAX`: none).
+    first_ns: u64,
+}
+
+/// The tracks of [`Profile::threads`], in their order, then of the threads that
+/// `lrec --latency-events` timed calls of but no sample caught.
+fn tracks(profile: &Profile) -> Vec<Track<'_>> {
+    let mut tracks: Vec<Track> = profile
         .threads
         .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let process = *processes.entry(t.pid).or_insert_with(|| {
-                let of_pid =
-                    || (0..profile.threads.len()).filter(|&j| profile.threads[j].pid == t.pid);
-                let main = profile.main_thread(t.pid).unwrap_or(i);
-                let start = of_pid().map(|j| first_ns[j]).min().unwrap_or(u64::MAX);
-                fx.add_process(&profile.threads[main].name, t.pid, clock.at(start))
+        .map(|t| Track {
+            pid: t.pid,
+            tid: t.tid,
+            name: &t.name,
+            first_ns: u64::MAX,
+        })
+        .collect();
+    for s in &profile.samples {
+        tracks[s.thread].first_ns = tracks[s.thread].first_ns.min(s.time_ns);
+    }
+    let mut timed_only: BTreeMap<(u32, u32), Track> = BTreeMap::new();
+    if let Some(l) = &profile.latency {
+        for c in &l.calls {
+            if profile
+                .threads
+                .iter()
+                .any(|t| (t.pid, t.tid) == (c.pid, c.tid))
+            {
+                continue;
+            }
+            let track = timed_only.entry((c.pid, c.tid)).or_insert_with(|| Track {
+                pid: c.pid,
+                tid: c.tid,
+                name: l
+                    .thread_names
+                    .get(&(c.pid, c.tid))
+                    .map_or("", String::as_str),
+                first_ns: u64::MAX,
             });
-            let thread = fx.add_thread(process, t.tid, clock.at(first_ns[i]), t.tid == t.pid);
-            fx.set_thread_name(thread, &t.name);
+            track.first_ns = track.first_ns.min(c.start_ns);
+        }
+    }
+    tracks.extend(timed_only.into_values());
+    tracks
+}
+
+/// A process per pid (named after its main thread) and a thread per track, in order.
+fn add_threads(tracks: &[Track], clock: &Clock, fx: &mut FxProfile) -> Vec<ThreadHandle> {
+    let mut processes: BTreeMap<u32, ProcessHandle> = BTreeMap::new();
+    tracks
+        .iter()
+        .map(|t| {
+            let process = *processes.entry(t.pid).or_insert_with(|| {
+                let of_pid = || tracks.iter().filter(|u| u.pid == t.pid);
+                let main = of_pid().find(|u| u.tid == u.pid).unwrap_or(t);
+                let start = of_pid().map(|u| u.first_ns).min().unwrap_or(u64::MAX);
+                fx.add_process(main.name, t.pid, clock.at(start))
+            });
+            let thread = fx.add_thread(process, t.tid, clock.at(t.first_ns), t.tid == t.pid);
+            fx.set_thread_name(thread, t.name);
             thread
         })
         .collect()
@@ -226,163 +279,6 @@ fn main_thread(profile: &Profile) -> Option<usize> {
         .main_thread(target)
         .or_else(|| threads.iter().position(|t| t.tid == t.pid))
         .or_else(|| (0..threads.len()).max_by_key(|&i| threads[i].samples))
-}
-
-/// Markers spanning the samples: the capture's counts, lost samples, and each warning.
-fn add_markers(profile: &Profile, clock: &Clock, fx: &mut FxProfile, thread: ThreadHandle) {
-    let s = &profile.stats;
-    let (Some(first), Some(last)) = (
-        profile.samples.iter().map(|s| s.time_ns).min(),
-        profile.samples.iter().map(|s| s.time_ns).max(),
-    ) else {
-        return;
-    };
-    let span = || MarkerTiming::Interval(clock.at(first), clock.at(last));
-    let ended = profile
-        .end_reason
-        .as_deref()
-        .unwrap_or("cut short (no end record)");
-    let capture = CaptureMarker {
-        samples: s.samples,
-        lost: s.lost,
-        truncated: s.truncated,
-        failed_unwinds: s.failed_unwinds,
-        ended: fx.intern_string(ended),
-    };
-    fx.add_marker(thread, span(), capture);
-    if s.lost > 0 {
-        fx.add_marker(thread, span(), LostMarker { lost: s.lost });
-    }
-    for w in &profile.warnings {
-        let marker = WarningMarker {
-            message: fx.intern_string(&w.message),
-            count: w.count,
-        };
-        fx.add_marker(thread, span(), marker);
-    }
-}
-
-const fn field(
-    key: &'static str,
-    label: &'static str,
-    format: MarkerFieldFormat,
-) -> StaticSchemaMarkerField {
-    StaticSchemaMarkerField {
-        key,
-        label,
-        format,
-        flags: MarkerFieldFlags::SEARCHABLE,
-    }
-}
-
-/// What the capture holds and how well it unwound.
-struct CaptureMarker {
-    samples: u64,
-    lost: u64,
-    truncated: u64,
-    failed_unwinds: u64,
-    ended: StringHandle,
-}
-
-impl StaticSchemaMarker for CaptureMarker {
-    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecCapture";
-    const DESCRIPTION: Option<&'static str> = Some("The lrec capture: its counts of samples");
-    const TABLE_LABEL: Option<&'static str> = Some(
-        "{marker.data.samples} samples, {marker.data.lost} lost, {marker.data.truncated} \
-         truncated, {marker.data.failedUnwinds} failed unwinds; ended: {marker.data.ended}",
-    );
-    const FIELDS: &'static [StaticSchemaMarkerField] = &[
-        field("samples", "Samples", MarkerFieldFormat::Integer),
-        field("lost", "Lost samples", MarkerFieldFormat::Integer),
-        field("truncated", "Truncated stacks", MarkerFieldFormat::Integer),
-        field(
-            "failedUnwinds",
-            "Failed unwinds",
-            MarkerFieldFormat::Integer,
-        ),
-        field("ended", "Ended", MarkerFieldFormat::String),
-    ];
-
-    fn name(&self, fx: &mut FxProfile) -> StringHandle {
-        fx.intern_string("Capture")
-    }
-
-    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
-        CategoryHandle::OTHER
-    }
-
-    fn string_field_value(&self, _: u32) -> StringHandle {
-        self.ended
-    }
-
-    fn number_field_value(&self, field_index: u32) -> f64 {
-        [self.samples, self.lost, self.truncated, self.failed_unwinds][field_index as usize] as f64
-    }
-}
-
-/// Samples the kernel dropped; the capture counts them but does not say when.
-struct LostMarker {
-    lost: u64,
-}
-
-impl StaticSchemaMarker for LostMarker {
-    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecLostSamples";
-    const DESCRIPTION: Option<&'static str> =
-        Some("Samples the kernel dropped (its buffer was full); when is not recorded");
-    const CHART_LABEL: Option<&'static str> = Some("{marker.data.lost} samples lost");
-    const TABLE_LABEL: Option<&'static str> = Some("{marker.data.lost} samples lost");
-    const FIELDS: &'static [StaticSchemaMarkerField] =
-        &[field("lost", "Lost samples", MarkerFieldFormat::Integer)];
-
-    fn name(&self, fx: &mut FxProfile) -> StringHandle {
-        fx.intern_string("Lost samples")
-    }
-
-    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
-        CategoryHandle::OTHER
-    }
-
-    fn string_field_value(&self, _: u32) -> StringHandle {
-        unreachable!("LostMarker has no string field")
-    }
-
-    fn number_field_value(&self, _: u32) -> f64 {
-        self.lost as f64
-    }
-}
-
-/// A problem lanalyze met, and how often.
-struct WarningMarker {
-    message: StringHandle,
-    count: u64,
-}
-
-impl StaticSchemaMarker for WarningMarker {
-    const UNIQUE_MARKER_TYPE_NAME: &'static str = "LrecWarning";
-    const DESCRIPTION: Option<&'static str> = Some("A problem met while analysing the capture");
-    const CHART_LABEL: Option<&'static str> = Some("{marker.data.message}");
-    const TABLE_LABEL: Option<&'static str> =
-        Some("{marker.data.message} ({marker.data.count} times)");
-    const FIELDS: &'static [StaticSchemaMarkerField] = &[
-        field("message", "Message", MarkerFieldFormat::String),
-        field("count", "Times", MarkerFieldFormat::Integer),
-    ];
-
-    fn name(&self, fx: &mut FxProfile) -> StringHandle {
-        fx.intern_string("Warning")
-    }
-
-    fn category(&self, _: &mut FxProfile) -> CategoryHandle {
-        CategoryHandle::OTHER
-    }
-
-    fn string_field_value(&self, _: u32) -> StringHandle {
-        self.message
-    }
-
-    fn number_field_value(&self, _: u32) -> f64 {
-        self.count as f64
-    }
 }
 
 #[cfg(test)]
@@ -639,6 +535,49 @@ mod tests {
         assert_eq!(string(&markers["data"][2]["message"]), "something odd");
         assert_eq!(markers["data"][2]["count"], 2.0);
         assert_eq!(thread_by_tid(&v, "2")["markers"]["length"], 0);
+    }
+
+    #[test]
+    fn timed_calls_are_interval_markers_on_their_threads() {
+        let mut p = profile();
+        let probe = lrec_format::LatencyProbe {
+            id: 3,
+            name: "slow_op".into(),
+            ..Default::default()
+        };
+        let call = |tid, start_ns| lrec_format::LatencyCall {
+            probe: 3,
+            pid: 1,
+            tid,
+            start_ns,
+            duration_ns: 1_000_000,
+        };
+        p.latency = Some(crate::Latencies {
+            record: lrec_format::Latency {
+                probes: vec![probe],
+                ..Default::default()
+            },
+            // Thread 1/3 was not sampled: it gets a track of its own.
+            calls: vec![call(2, 5 + 2_000_000), call(3, 5)],
+            thread_names: [((1, 3), "timer".to_string())].into(),
+            start_ns: 5,
+        });
+        let v = render(&p);
+        assert_eq!(v["threads"].as_array().unwrap().len(), 4);
+        for (tid, start) in [("2", 2.0), ("3", 0.0)] {
+            let t = thread_by_tid(&v, tid);
+            let markers = &t["markers"];
+            assert_eq!(markers["length"], 1, "{tid}");
+            let name = markers["name"][0].as_u64().unwrap() as usize;
+            assert_eq!(t["stringArray"][name], "slow_op");
+            assert_eq!(markers["startTime"][0], start);
+            assert_eq!(markers["endTime"][0], start + 1.0);
+        }
+        let timer = thread_by_tid(&v, "3");
+        assert_eq!(
+            (timer["name"].as_str(), timer["processName"].as_str()),
+            (Some("timer"), Some("app"))
+        );
     }
 
     #[test]

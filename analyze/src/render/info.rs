@@ -2,7 +2,8 @@
 
 use std::io::{self, Write};
 
-use crate::Profile;
+use super::latency::{count, format_ns, Durations};
+use crate::{Latencies, Profile};
 
 /// Writes header fields, counts, threads, binaries and warnings.
 pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
@@ -95,6 +96,9 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
             t.pid, t.tid, t.name, t.samples
         )?;
     }
+    if let Some(l) = &profile.latency {
+        write_latency_summary(l, out)?;
+    }
     writeln!(out)?;
     writeln!(out, "binaries ({})", profile.binaries.len())?;
     for b in &profile.binaries {
@@ -133,6 +137,37 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
                 n => writeln!(out, "  {} ({n} times)", w.message)?,
             }
         }
+    }
+    Ok(())
+}
+
+/// A line per probe that `lrec --latency` or `--node-loop` timed: calls, p50 and p99.
+fn write_latency_summary(l: &Latencies, out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "latency ({} probes; --latency shows more)",
+        l.record.probes.len()
+    )?;
+    let mut probes: Vec<_> = l.record.probes.iter().collect();
+    probes.sort_by_key(|p| p.id);
+    let width = probes.iter().map(|p| p.name.chars().count()).max();
+    let width = width.unwrap_or(0).min(48);
+    for p in probes {
+        let d = Durations::of(l.record.histograms.iter().filter(|h| h.probe == p.id));
+        write!(out, "  {:<width$} {:>11} calls", p.name, count(d.count))?;
+        if d.count > 0 {
+            write!(
+                out,
+                "  p50 {:>9}  p99 {:>9}",
+                format_ns(d.percentile(0.5) as f64),
+                format_ns(d.percentile(0.99) as f64)
+            )?;
+        }
+        writeln!(out)?;
+    }
+    for u in &l.record.unresolved {
+        writeln!(out, "  not timed: {u}")?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ mod firefox;
 mod flamegraph;
 mod folded;
 mod info;
+mod latency;
 mod pprof;
 mod speedscope;
 mod states;
@@ -15,6 +16,7 @@ pub use firefox::write_firefox;
 pub use flamegraph::write_flamegraph;
 pub use folded::{folded_lines, folded_stacks, write_folded};
 pub use info::write_info;
+pub use latency::{format_ns, write_latency, write_latency_csv, Durations, Row};
 pub use pprof::write_pprof;
 pub use speedscope::write_speedscope;
 pub use states::{write_states, write_states_csv, StateKey};
@@ -58,6 +60,15 @@ pub fn format_duration(ns: u64) -> String {
     let text = format!("{value:.3}");
     let text = text.trim_end_matches('0').trim_end_matches('.');
     format!("{text}{unit}")
+}
+
+/// A CSV field (RFC 4180), quoted when it holds a comma, a quote or a line break.
+pub(crate) fn csv(v: &str) -> String {
+    if v.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", v.replace('"', "\"\""))
+    } else {
+        v.to_string()
+    }
 }
 
 /// What was recorded: the lrec command line (titles of the outputs).

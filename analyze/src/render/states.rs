@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::io::{self, Write};
 
+use super::csv;
 use crate::syscalls::syscall_name;
 use crate::{FrameKind, Profile, ProfileSample, SampleKind, ThreadState};
 
@@ -228,15 +229,6 @@ pub fn write_states_csv(profile: &Profile, out: &mut dyn Write) -> io::Result<()
         )?;
     }
     Ok(())
-}
-
-/// A CSV field, quoted when it needs to be.
-fn csv(v: &str) -> String {
-    if v.contains([',', '"', '\n']) {
-        format!("\"{}\"", v.replace('"', "\"\""))
-    } else {
-        v.to_string()
-    }
 }
 
 #[cfg(test)]
