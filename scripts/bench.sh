@@ -5,6 +5,7 @@
 #      `perf record --call-graph dwarf,16384 -z`
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
 #   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 runs only that.
+#   4. Off-CPU overhead. 5. Latency (uprobe) overhead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -72,12 +73,14 @@ fi
 #    program's cost per sample. Then the same attached: the target's own wall time, from its
 #    start to its exit, bare and with `lrec -p` or `perf record -p` attached right after it
 #    started (the profilers' own start-up and teardown then run beside it, not before and
-#    after it). ONLY=luajit or ONLY=puc runs one of them; ONLY=offcpu only section 4.
+#    after it). ONLY=luajit or ONLY=puc runs one of them; ONLY=offcpu only section 4, ONLY=latency
+#    only section 5.
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-[ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
-[ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
+case "${ONLY:-}" in offcpu|latency) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+[ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
+[ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
 wall() { local t0 t1; t0=$(now); "$@" >/dev/null 2>&1; t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -163,5 +166,32 @@ if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = offcpu ]; then
     sysctl -qw kernel.bpf_stats_enabled=1 2>/dev/null || true
     ./target/release/lrec --off-cpu -o "$OUT/ppoff.lrec" -- fixtures/build/pingpong "$@" 2>&1 >/dev/null | grep -E 'off-CPU|BPF' || true
   done
+fi
+# 5. Latency overhead (issue 11): fixtures/build/latency hot, a function called hundreds of
+#    millions of times a second, counting its calls each second: bare, under
+#    `lrec --latency tiny` (the default --latency-max-rate stops probing it within a second)
+#    and with no limit; the median calls/s over seconds 3 to LAT_SECS (after the cap), and
+#    with no limit the cost per call. Then node's loop: immediates of 1 ms run in 4 s of
+#    fixtures/workloads/node/loop.js, bare and under `lrec --node-loop`.
+LAT_SECS=${LAT_SECS:-8}
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = latency ]; then
+  sysctl -qw kernel.bpf_stats_enabled=0 2>/dev/null || true
+  echo
+  echo "Latency overhead: fixtures/build/latency hot $LAT_SECS, median calls/s over seconds 3..$LAT_SECS"
+  rates() { grep -o 'calls/s [0-9]*' | awk 'NR >= 3 { print $2 }' | median; }
+  bare=$(fixtures/build/latency hot "$LAT_SECS" | rates)
+  capped=$(./target/release/lrec -q --latency tiny -o "$OUT/lat.lrec" -- fixtures/build/latency hot "$LAT_SECS" 2>/dev/null | rates)
+  unlimited=$(./target/release/lrec -q --latency tiny --latency-max-rate 0 -o "$OUT/lat0.lrec" -- fixtures/build/latency hot "$LAT_SECS" 2>/dev/null | rates)
+  awk -v b="$bare" -v c="$capped" -v u="$unlimited" 'BEGIN {
+    printf "%-44s %16.0f\n", "bare calls/s", b
+    printf "%-44s %16.0f %+9.1f%%\n", "lrec --latency tiny (capped) calls/s", c, 100 * (c / b - 1)
+    printf "%-44s %16.0f %+9.1f%%  %.2f us per call\n", "lrec --latency tiny --latency-max-rate 0", u, 100 * (u / b - 1), 1e6 / u - 1e6 / b }'
+  node_imm() { grep -o 'truth check calls=[0-9]*' | grep -o '[0-9]*$'; }
+  if command -v node >/dev/null; then
+    nb=$(node fixtures/workloads/node/loop.js 4 | node_imm)
+    nl=$(./target/release/lrec -q --node-loop -o "$OUT/node.lrec" -- node fixtures/workloads/node/loop.js 4 2>/dev/null | node_imm)
+    awk -v b="$nb" -v l="$nl" 'BEGIN { printf "%-44s %16d %16d %+9.1f%%\n", "node loop.js 4: 1 ms immediates, bare/--node-loop", b, l, 100 * (l / b - 1) }'
+    ./target/release/lanalyze "$OUT/node.lrec" --latency 2>/dev/null | sed -n '/Node.js event loop/,$p' | head -20
+  fi
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true
