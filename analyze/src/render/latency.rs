@@ -163,9 +163,15 @@ fn write_histogram(d: &Durations, out: &mut dyn Write) -> io::Result<()> {
 /// How a probe's entries and returns paired, where it matters, and whether lrec stopped
 /// probing it.
 fn write_pairing(p: &LatencyProbe, l: &Latencies, out: &mut dyn Write) -> io::Result<()> {
+    // For a phase, an "unmatched return" is its closing event after another than the one
+    // that opens it (the first iteration, a loop left early): not timed.
+    let unmatched = match p.kind {
+        latency_kind::FUNCTION => "returns without a seen entry",
+        _ => "ends not preceded by their start (not timed)",
+    };
     let counts = [
         (p.hits, "calls seen"),
-        (p.unmatched_returns, "returns without a seen entry"),
+        (p.unmatched_returns, unmatched),
         (p.abandoned, "entries never returned: longjmp/exception"),
         (p.open, "still running at the end"),
         (p.too_deep, "too deeply nested to time"),
@@ -176,7 +182,8 @@ fn write_pairing(p: &LatencyProbe, l: &Latencies, out: &mut dyn Write) -> io::Re
         .filter(|(n, _)| *n > 0)
         .map(|(n, what)| format!("{} {what}", count(*n)))
         .collect();
-    if !said.is_empty() {
+    // Calls seen alone say nothing the count does not.
+    if said.len() > 1 || p.hits == 0 && !said.is_empty() {
         writeln!(out, "  {}: {}", p.name, said.join("; "))?;
     }
     if let Some(stopped) = p.stopped_ns {
