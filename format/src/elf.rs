@@ -3,6 +3,9 @@
 //! [`lrec_format::Binary`]).
 
 use crate::v1::{Binary, Section, Segment};
+
+mod functions;
+pub use functions::*;
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, NoteIterator, ProgramHeader, SectionHeader};
 use object::{Endianness, FileKind, LittleEndian, Object, ObjectSection};
@@ -629,26 +632,6 @@ fn for_each_fde<'a>(
     }
 }
 
-/// Whether a function begins at SVMA `addr`, as far as the binary's `.eh_frame` and
-/// symbols tell (`None`: it has neither).
-pub fn starts_function(binary: &Binary, data: &[u8], addr: u64) -> Option<bool> {
-    use object::{Object, ObjectSymbol, SymbolKind};
-    let (mut known, mut starts) = (false, false);
-    for_each_fde(binary, |fde, _, _| {
-        known = true;
-        starts |= fde.initial_address() == addr;
-    });
-    if let Ok(file) = parse_x86_64(data) {
-        for s in file.symbols().chain(file.dynamic_symbols()) {
-            if s.kind() == SymbolKind::Text && s.is_definition() {
-                known = true;
-                starts |= s.address() == addr;
-            }
-        }
-    }
-    known.then_some(starts)
-}
-
 /// The code range (SVMA) of the largest function the binary's `.eh_frame` describes.
 pub fn largest_function(binary: &Binary) -> Option<(u64, u64)> {
     let mut best: Option<(u64, u64)> = None;
@@ -670,43 +653,6 @@ pub fn function_symbol(data: &[u8], name: &str) -> Option<(u64, u64)> {
         .chain(file.dynamic_symbols())
         .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
         .map(|s| (s.address(), s.address() + s.size()))
-}
-
-/// Every function symbol `name` in an ELF file's `.symtab` and `.dynsym`, local ones
-/// included, as (SVMA, size), one per address, in address order (static functions of
-/// several source files can share a name).
-pub fn function_symbols(data: &[u8], name: &str) -> Result<Vec<(u64, u64)>, String> {
-    use object::{Object, ObjectSymbol, SymbolKind};
-    let file = parse_x86_64(data)?;
-    let mut found: Vec<(u64, u64)> = file
-        .symbols()
-        .chain(file.dynamic_symbols())
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.name() == Ok(name))
-        .map(|s| (s.address(), s.size()))
-        .collect();
-    found.sort_unstable();
-    found.dedup_by_key(|s| s.0);
-    Ok(found)
-}
-
-/// The file offset of the code at SVMA `addr`: in an executable segment (what uprobes
-/// take).
-pub fn code_file_offset(data: &[u8], addr: u64) -> Result<u64, String> {
-    let file = parse_x86_64(data)?;
-    let endian = file.endian();
-    let headers = file
-        .elf_header()
-        .program_headers(endian, data)
-        .map_err(|e| format!("bad program headers: {e}"))?;
-    headers
-        .iter()
-        .filter(|p| p.p_type(endian) == elf::PT_LOAD && p.p_flags(endian) & elf::PF_X != 0)
-        .find(|p| {
-            let (vaddr, filesz) = (p.p_vaddr(endian), p.p_filesz(endian));
-            addr >= vaddr && addr < vaddr + filesz
-        })
-        .map(|p| addr - p.p_vaddr(endian) + p.p_offset(endian))
-        .ok_or_else(|| format!("{addr:#x} is not in an executable segment"))
 }
 
 /// A PUC Lua release named in a binary by `lua_ident` (lapi.c), which every build that

@@ -299,21 +299,27 @@ impl Sampler {
             ("on_lua_yield", "lua_yield"),
             ("on_lua_resume", "lua_resume"),
         ] {
-            let probe: &mut UProbe = self
-                .ebpf
-                .program_mut(prog)
-                .expect("program is in the object")
-                .try_into()
-                .map_err(SamplerError::Program)?;
-            if probe.fd().is_err() {
-                probe.load().map_err(SamplerError::Program)?;
-            }
-            let link = probe
+            let link = self
+                .uprobe(prog)?
                 .attach(symbol, path, UProbeScope::AllProcesses)
                 .map_err(SamplerError::Program)?;
             self.lua_wait_links.push((prog, link));
         }
         Ok(())
+    }
+
+    /// The uprobe program `prog`, loaded the first time.
+    fn uprobe(&mut self, prog: &str) -> Result<&mut UProbe, SamplerError> {
+        let probe: &mut UProbe = self
+            .ebpf
+            .program_mut(prog)
+            .expect("program is in the object")
+            .try_into()
+            .map_err(SamplerError::Program)?;
+        if probe.fd().is_err() {
+            probe.load().map_err(SamplerError::Program)?;
+        }
+        Ok(probe)
     }
 
     /// Stops timing Lua coroutine waits when the targets' coroutines yielded more than

@@ -138,20 +138,12 @@ impl Sampler {
             None => UProbeScope::AllProcesses,
         };
         for &prog in progs {
-            let probe: &mut UProbe = self
-                .ebpf
-                .program_mut(prog)
-                .expect("program is in the object")
-                .try_into()
-                .map_err(SamplerError::Program)?;
-            if probe.fd().is_err() {
-                probe.load().map_err(SamplerError::Program)?;
-            }
             let point = UProbeAttachPoint {
                 location: file_offset.into(),
                 cookie: Some(u64::from(cookie)),
             };
-            let link = probe
+            let link = self
+                .uprobe(prog)?
                 .attach(point, path, scope)
                 .map_err(SamplerError::Program)?;
             self.latency.links.push((role, prog, link));
