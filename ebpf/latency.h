@@ -30,15 +30,14 @@
 #define LAT_SP_DELTA 8
 #define LAT_NONE 0xffffffff
 
-/* Per probe and CPU: [probe * LAT_COUNTERS + k]. */
+/* Per probe and CPU: [probe * LAT_COUNTERS + k]. Calls still open at the end are what
+ * these and the histograms leave: hits - too deep - abandoned - timed - dropped. */
 enum {
 	LAT_HITS,
 	LAT_UNMATCHED,
 	LAT_ABANDONED,
 	LAT_TOO_DEEP,
 	LAT_DROPPED,
-	LAT_PUSHED,
-	LAT_MATCHED,
 	LAT_COUNTERS = 8,
 };
 
@@ -137,28 +136,12 @@ static __always_inline void lat_counter(__u32 probe, __u32 k)
 static __always_inline __u32 lat_log2(__u64 v)
 {
 	__u32 r = 0;
-	if (v >> 32) {
-		v >>= 32;
-		r += 32;
-	}
-	if (v >> 16) {
-		v >>= 16;
-		r += 16;
-	}
-	if (v >> 8) {
-		v >>= 8;
-		r += 8;
-	}
-	if (v >> 4) {
-		v >>= 4;
-		r += 4;
-	}
-	if (v >> 2) {
-		v >>= 2;
-		r += 2;
-	}
-	if (v >> 1)
-		r += 1;
+#pragma unroll
+	for (__u32 shift = 32; shift > 0; shift >>= 1)
+		if (v >> shift) {
+			v >>= shift;
+			r += shift;
+		}
 	return r;
 }
 
@@ -167,11 +150,10 @@ static __always_inline __u16 lat_bucket(__u64 ns)
 	if (ns < LAT_EXACT)
 		return ns;
 	__u32 log2 = lat_log2(ns);
+	/* Longer than the last power of two kept apart: the last bucket. */
+	if (log2 > LAT_MAX_LOG2)
+		return LAT_EXACT + (LAT_MAX_LOG2 - 5) * (1 << LAT_SUB_BITS) - 1;
 	__u64 sub = (ns >> (log2 - LAT_SUB_BITS)) & ((1 << LAT_SUB_BITS) - 1);
-	if (log2 > LAT_MAX_LOG2) {
-		log2 = LAT_MAX_LOG2;
-		sub = (1 << LAT_SUB_BITS) - 1;
-	}
 	return LAT_EXACT + (log2 - 6) * (1 << LAT_SUB_BITS) + sub;
 }
 
@@ -223,8 +205,11 @@ int lat_entry(struct pt_regs *ctx)
 	lat_counter(probe, LAT_HITS);
 	struct lat_task *t = bpf_task_storage_get(&lat_tasks, bpf_get_current_task_btf(), 0,
 						  BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!t)
+	if (!t) {
+		/* Not kept, as when too deep. */
+		lat_counter(probe, LAT_TOO_DEEP);
 		return 0;
+	}
 	__u64 sp = PT_REGS_SP(ctx);
 	__u32 d = t->depth;
 	/* Calls this one took the place of on the stack have ended without a return: those
@@ -232,7 +217,7 @@ int lat_entry(struct pt_regs *ctx)
 	 * at the same address of another function is one that tail-called this one, and
 	 * returns with it). */
 	for (int i = 0; i < LAT_DEPTH; i++) {
-		if (d == 0 || d > LAT_DEPTH)
+		if (d == 0)
 			break;
 		struct lat_frame *top = lat_frame(t, d - 1);
 		if (top->sp > sp || (top->sp == sp && top->probe != probe))
@@ -250,7 +235,6 @@ int lat_entry(struct pt_regs *ctx)
 	f->probe = probe;
 	f->ts = bpf_ktime_get_ns();
 	t->depth = d + 1;
-	lat_counter(probe, LAT_PUSHED);
 	return 0;
 }
 
@@ -266,8 +250,6 @@ int lat_return(struct pt_regs *ctx)
 	}
 	__u64 sp = PT_REGS_SP(ctx) - LAT_SP_DELTA;
 	__u32 d = t->depth;
-	if (d > LAT_DEPTH)
-		d = LAT_DEPTH;
 	/* The entry of this very call, from the top; the ones above it are calls that
 	 * never returned. */
 	__u32 found = LAT_NONE;
@@ -296,7 +278,6 @@ int lat_return(struct pt_regs *ctx)
 	struct lat_frame *f = lat_frame(t, found);
 	__u64 start = f->ts;
 	t->depth = found;
-	lat_counter(probe, LAT_MATCHED);
 	lat_record(probe, start, now - start);
 	return 0;
 }

@@ -134,6 +134,7 @@ struct Resolved {
     functions: Vec<Result<(u64, u64), Option<String>>>,
     /// The node loop's functions' file offsets, if all are here.
     node: Option<[u64; 5]>,
+    build_id: Option<Vec<u8>>,
 }
 
 pub struct Tracker {
@@ -145,7 +146,8 @@ pub struct Tracker {
     functions: HashMap<(usize, Vec<u8>), u32>,
     /// The node loop's first probe id (its phases, then its iteration).
     node_probes: Option<u32>,
-    seen: HashSet<(u32, Vec<u8>)>,
+    /// Per process, the binaries (keys) already looked at.
+    seen: HashMap<u32, HashSet<Vec<u8>>>,
     resolved: HashMap<Vec<u8>, Resolved>,
     /// Per spec, why it matched nothing where it was looked for.
     misses: Vec<Vec<String>>,
@@ -165,7 +167,7 @@ impl Tracker {
             probes: Vec::new(),
             functions: HashMap::new(),
             node_probes: None,
-            seen: HashSet::new(),
+            seen: HashMap::new(),
             resolved: HashMap::new(),
             attach: Vec::new(),
             messages: Vec::new(),
@@ -180,9 +182,12 @@ impl Tracker {
         let Some(path) = entry.file_path() else {
             return;
         };
-        if !self.seen.insert((pid, key.to_vec())) {
+        // Called on every read of the maps: known binaries cost a lookup, no allocation.
+        let seen = self.seen.entry(pid).or_default();
+        if seen.contains(key) {
             return;
         }
+        seen.insert(key.to_vec());
         let wanted = self.node_loop || self.specs.iter().any(|s| s.matches(path));
         if !wanted {
             return;
@@ -192,11 +197,17 @@ impl Tracker {
             None => self.resolve(pid, entry, path),
         };
         let attach_path = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        // Where the probes found here are.
+        let place = LatencyProbe {
+            binary: path.into(),
+            build_id: r.build_id.clone(),
+            ..LatencyProbe::default()
+        };
         let mut jobs = Vec::new();
         for (i, f) in r.functions.iter().enumerate() {
             match f {
                 Ok((addr, offset)) => {
-                    let probe = self.function_probe(i, key, path, *addr, *offset);
+                    let probe = self.function_probe(i, key, &place, *addr, *offset);
                     if let Some(probe) = probe {
                         jobs.push((Role::Function { probe }, *offset));
                     }
@@ -207,7 +218,7 @@ impl Tracker {
         }
         if let Some(offsets) = r.node {
             if self.node_probes.is_none() {
-                self.node_probes = self.new_node_probes(path);
+                self.node_probes = self.new_node_probes(&place);
             }
             if self.node_probes.is_some() {
                 for (event, &(f, at_return, _, _)) in NODE_EVENTS.iter().enumerate() {
@@ -249,13 +260,15 @@ impl Tracker {
                                 .then(|| format!("cannot read {path}: {e}")))
                         })
                         .collect(),
-                    node: None,
+                    ..Resolved::default()
                 }
             }
         };
         // Symbols a stripped binary lacks may be in its separate debug file.
-        let debug = elf::build_id(&data)
-            .and_then(|id| crate::embedder::debug_file(&self.debug_dir, &id))
+        let build_id = elf::build_id(&data);
+        let debug = build_id
+            .as_ref()
+            .and_then(|id| crate::embedder::debug_file(&self.debug_dir, id))
             .and_then(|p| std::fs::read(p).ok());
         let lookup = |name: &str| -> Result<Vec<(u64, u64)>, String> {
             let found = elf::function_symbols(&data, name)?;
@@ -280,6 +293,8 @@ impl Tracker {
                 ))),
             }
         };
+        // Its unwind tables, parsed once if an address is to be checked.
+        let binary = std::cell::OnceCell::new();
         let functions = self
             .specs
             .iter()
@@ -294,8 +309,9 @@ impl Tracker {
                         e => e,
                     })?,
                     What::Address(a) => {
-                        let binary = elf::binary_record(path, &data, DebugInfo::None);
-                        if elf::starts_function(&binary, &data, *a) == Some(false) {
+                        let binary =
+                            binary.get_or_init(|| elf::binary_record(path, &data, DebugInfo::None));
+                        if elf::starts_function(binary, &data, *a) == Some(false) {
                             return Err(Some(format!(
                                 "no function begins at {a:#x} in {path} (by its symbols and \
                                  unwind tables): a return probe elsewhere would corrupt \
@@ -321,15 +337,20 @@ impl Tracker {
                 Some(offsets)
             })
             .flatten();
-        Resolved { functions, node }
+        Resolved {
+            functions,
+            node,
+            build_id,
+        }
     }
 
-    /// The probe of spec `i` in binary `key`, created the first time.
+    /// The probe of spec `i` in binary `key` (`place`: its path and build-id), created the
+    /// first time.
     fn function_probe(
         &mut self,
         i: usize,
         key: &[u8],
-        path: &str,
+        place: &LatencyProbe,
         addr: u64,
         offset: u64,
     ) -> Option<u32> {
@@ -341,6 +362,7 @@ impl Tracker {
             What::Symbol(name) if spec.binary.is_none() => name.clone(),
             _ => spec.text.clone(),
         };
+        let path = &place.binary;
         let name = match self.probes.iter().any(|p| p.name == base) {
             true => format!("{base} ({})", path.rsplit('/').next().unwrap_or(path)),
             false => base,
@@ -349,12 +371,10 @@ impl Tracker {
             name,
             kind: latency_kind::FUNCTION,
             spec: spec.text.clone(),
-            binary: path.into(),
-            build_id: None,
             address: addr,
             file_offset: offset,
             how: "entry to return".into(),
-            ..LatencyProbe::default()
+            ..place.clone()
         })?;
         self.functions.insert((i, key.to_vec()), id);
         Some(id)
@@ -375,16 +395,15 @@ impl Tracker {
     }
 
     /// The node loop's phase probes (in NODE_EVENTS order) and its iteration probe.
-    fn new_node_probes(&mut self, path: &str) -> Option<u32> {
+    fn new_node_probes(&mut self, place: &LatencyProbe) -> Option<u32> {
         let mut first = None;
         for &(_, _, phase, how) in &NODE_EVENTS {
             let id = self.new_probe(LatencyProbe {
                 name: format!("node loop: {phase}"),
                 kind: latency_kind::PHASE,
                 spec: "--node-loop".into(),
-                binary: path.into(),
                 how: how.into(),
-                ..LatencyProbe::default()
+                ..place.clone()
             })?;
             first.get_or_insert(id);
         }
@@ -392,9 +411,8 @@ impl Tracker {
             name: "node loop: iteration".into(),
             kind: latency_kind::ITERATION,
             spec: "--node-loop".into(),
-            binary: path.into(),
             how: "from one return of uv__run_timers to the next".into(),
-            ..LatencyProbe::default()
+            ..place.clone()
         })?;
         first
     }
@@ -427,18 +445,22 @@ impl Tracker {
         if max_rate == 0 || self.probes.is_empty() {
             return;
         }
+        // The counters are read once a window, not on every turn of lrec's loop.
+        if self
+            .window
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < RATE_WINDOW)
+        {
+            return;
+        }
         let hits: Vec<u64> = sampler
             .latency_counters(self.probes.len() as u32)
             .iter()
             .map(|c| c.hits)
             .collect();
-        let (at, before) = match &self.window {
-            Some((at, before)) if at.elapsed() >= RATE_WINDOW => (*at, before.clone()),
-            Some(_) => return,
-            None => {
-                self.window = Some((Instant::now(), hits));
-                return;
-            }
+        let Some((at, before)) = self.window.take() else {
+            self.window = Some((Instant::now(), hits));
+            return;
         };
         let secs = at.elapsed().as_secs_f64();
         self.window = Some((Instant::now(), hits.clone()));
@@ -485,9 +507,23 @@ impl Tracker {
             p.hits = c.hits;
             p.unmatched_returns = c.unmatched;
             p.abandoned = c.abandoned;
-            p.open = c.pushed.saturating_sub(c.matched + c.abandoned);
             p.too_deep = c.too_deep;
             p.dropped = c.dropped;
+        }
+        let histograms = sampler.latency_histograms();
+        for p in &mut self.probes {
+            // A function's entries not accounted for otherwise are still open. (A phase
+            // has no entry: it is timed when it ends.)
+            if p.kind == latency_kind::FUNCTION {
+                let timed: u64 = histograms
+                    .iter()
+                    .filter(|h| h.probe == p.id)
+                    .map(|h| h.count)
+                    .sum();
+                p.open = p
+                    .hits
+                    .saturating_sub(p.too_deep + p.abandoned + timed + p.dropped);
+            }
         }
         let mut unresolved = Vec::new();
         for (i, spec) in self.specs.iter().enumerate() {
@@ -515,7 +551,7 @@ impl Tracker {
         Latency {
             max_rate,
             probes: self.probes.clone(),
-            histograms: sampler.latency_histograms(),
+            histograms,
             unresolved,
         }
     }

@@ -7,7 +7,7 @@
 //!
 //! The profile holds names, not addresses, so every frame is a label.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 
 use fxprof_processed_profile::{
@@ -225,14 +225,11 @@ fn tracks(profile: &Profile) -> Vec<Track<'_>> {
     for s in &profile.samples {
         tracks[s.thread].first_ns = tracks[s.thread].first_ns.min(s.time_ns);
     }
+    let sampled: BTreeSet<(u32, u32)> = tracks.iter().map(|t| (t.pid, t.tid)).collect();
     let mut timed_only: BTreeMap<(u32, u32), Track> = BTreeMap::new();
     if let Some(l) = &profile.latency {
         for c in &l.calls {
-            if profile
-                .threads
-                .iter()
-                .any(|t| (t.pid, t.tid) == (c.pid, c.tid))
-            {
+            if sampled.contains(&(c.pid, c.tid)) {
                 continue;
             }
             let track = timed_only.entry((c.pid, c.tid)).or_insert_with(|| Track {

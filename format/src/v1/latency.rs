@@ -4,7 +4,8 @@
 //! Durations are kept in log-linear buckets, as HdrHistogram does: exact below
 //! [`LATENCY_EXACT`] ns, then 32 buckets per power of two, so that a bucket is at most
 //! 1/32 (3.1 %) of its values wide. ebpf/latency.h computes the same index
-//! ([`latency_bucket`] is its reference, tested against it in record/src/raw.rs).
+//! ([`latency_bucket`] is its reference; tests/tests/latency.rs checks the percentiles read
+//! from BPF's buckets against the workloads' own measurements).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,13 +25,12 @@ pub fn latency_bucket(ns: u64) -> u16 {
     if ns < LATENCY_EXACT {
         return ns as u16;
     }
-    let log2 = (63 - ns.leading_zeros()).min(LATENCY_MAX_LOG2);
+    let log2 = 63 - ns.leading_zeros();
+    // Longer than the last power of two kept apart: the last bucket.
+    if log2 > LATENCY_MAX_LOG2 {
+        return LATENCY_BUCKETS - 1;
+    }
     let sub = (ns >> (log2 - LATENCY_SUB_BITS)) & ((1 << LATENCY_SUB_BITS) - 1);
-    let sub = if 63 - ns.leading_zeros() > LATENCY_MAX_LOG2 {
-        (1 << LATENCY_SUB_BITS) - 1
-    } else {
-        sub
-    };
     (LATENCY_EXACT + u64::from(log2 - 6) * (1 << LATENCY_SUB_BITS) + sub) as u16
 }
 
@@ -86,7 +86,8 @@ pub struct LatencyProbe {
     pub abandoned: u64,
     /// Entries still waiting for their return when the recording ended.
     pub open: u64,
-    /// Entries not kept: the thread was more than lrec's nesting limit deep in timed calls.
+    /// Entries not kept: the thread was more than lrec's nesting limit deep in timed calls
+    /// (or BPF could not allocate its shadow stack).
     pub too_deep: u64,
     /// Durations not counted because BPF's histogram table was full.
     pub dropped: u64,

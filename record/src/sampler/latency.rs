@@ -36,8 +36,6 @@ pub struct Counters {
     pub abandoned: u64,
     pub too_deep: u64,
     pub dropped: u64,
-    pub pushed: u64,
-    pub matched: u64,
 }
 
 const COUNTERS: u32 = 8;
@@ -170,19 +168,17 @@ impl Sampler {
             })
     }
 
-    /// Detaches every latency uprobe for which `which` holds; how many.
-    pub fn detach_latency(&mut self, which: impl Fn(Role) -> bool) -> usize {
+    /// Detaches every latency uprobe for which `which` holds.
+    pub fn detach_latency(&mut self, which: impl Fn(Role) -> bool) {
         let (gone, kept) = std::mem::take(&mut self.latency.links)
             .into_iter()
             .partition::<Vec<_>, _>(|(role, _, _)| which(*role));
         self.latency.links = kept;
-        let n = gone.len();
         for (_, prog, link) in gone.into_iter().rev() {
             if let Some(Ok(p)) = self.ebpf.program_mut(prog).map(<&mut UProbe>::try_from) {
                 let _ = p.detach(link);
             }
         }
-        n
     }
 
     /// The BPF counters of probes `0..n`, summed over the CPUs.
@@ -204,8 +200,6 @@ impl Sampler {
                     abandoned: c(2),
                     too_deep: c(3),
                     dropped: c(4),
-                    pushed: c(5),
-                    matched: c(6),
                 }
             })
             .collect()
