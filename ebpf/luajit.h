@@ -93,6 +93,10 @@ struct lua_work {
 	__u32 lo, hi;       /* binary search over the snapshots' mcode offsets */
 	__u64 ofs;          /* the sampled instruction's offset in the trace's mcode */
 	struct lj_snapshot snap; /* the last snapshot searched that begins at or before ofs */
+	__u64 ret, ret_lo, ret_hi; /* trace_return: the address found, the trace's code */
+	__u32 ret_words;    /* words of the copied stack to search */
+	__u32 side;         /* trace_side: the next side trace to look at */
+	__u64 traces;       /* J->trace */
 	__u64 tr_ir, tr_snap;
 	__u32 fl;           /* GC32: the next frame link in the snapshot map */
 	__u16 func0_ref;
@@ -673,7 +677,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->jit_start = trace;
 	if (trace)
 		/* The functions inlined into the trace; the walk goes on from its start frame. */
-		lua_trace(w, r->ip, vmstate);
+		lua_trace(w, b, r->ip, vmstate);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	return lua_stack_end(b, w, offset, l0, cf0, vmstate);
 }

@@ -162,12 +162,110 @@ static long trace_frame(__u64 i, void *unused)
 	return 0;
 }
 
+/* Words of the copied stack searched for the return address into a trace. */
+#define LREC_JIT_RET_WORDS 512
+
+/* One word of the search for the return address into the trace (trace_return). */
+static long trace_return_step(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w || i >= w->ret_words)
+		return 1;
+	__u32 cpu = w->cpu;
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
+	if (!b)
+		return 1;
+	__u64 v = *(__u64 *)&b->data[(i * 8) & (LREC_DATA_SIZE - 1)];
+	if (v <= w->ret_lo + 5 || v >= w->ret_hi)
+		return 0;
+	/* A return address follows a call: E8 rel32, or FF /2 with a register operand
+	 * (what LuaJIT's emit_call writes when the target is out of rel32 range). */
+	__u8 code[5];
+	if (bpf_probe_read_user(code, sizeof(code), (void *)(v - 5)))
+		return 0;
+	if (code[0] != 0xe8 && !(code[3] == 0xff && (code[4] & 0xf8) == 0xd0))
+		return 0;
+	w->ret = v;
+	return 1;
+}
+
+/* A sample outside the running trace's machine code but in its VM state: in a helper the
+ * trace called (lj_vm_modi, lj_tab_newkey, a GC step, a math function). The trace resumes
+ * at the return address, the innermost word of the copied stack (b, this CPU's scratch
+ * buffer) that lies in the trace's code right after a call instruction: the address of
+ * that call, or 0 if there is none (an exit stub: unmapped). Words above sp belong to live frames only, the helper's and
+ * then the trace's, so no older return address can be found first. */
+static __always_inline __u64 trace_return(struct lua_work *w, struct sample_buf *b,
+					   __u64 mcode, __u32 size)
+{
+	w->ret = 0;
+	w->ret_lo = mcode;
+	w->ret_hi = mcode + size;
+	w->ret_words = b->s.stack_len / 8;
+	bpf_loop(LREC_JIT_RET_WORDS, trace_return_step, NULL, 0);
+	return w->ret ? w->ret - 1 : 0;
+}
+
+/* GCtrace (lj_jit.h): traceno, link, root, nextroot and nextside are 16-bit in a row. */
+#define LJ_TR_ROOT 4     /* from traceno: the root trace of a side trace, 0 for a root */
+#define LJ_TR_NEXTSIDE 8 /* the next side trace of the same root */
+/* Side traces of one root searched for a sample in a side trace's first instructions. */
+#define LREC_JIT_SIDES 64
+
+/* Reads trace n into w->tr; its mcode if it is a live trace numbered n, else 0. */
+static __always_inline __u64 trace_read(struct lua_work *w, __u64 traces, __u32 n)
+{
+	__u64 t = traces && n ? rdref(w, traces + (__u64)n * lj_refsize(w)) : 0;
+	if (!t || bpf_probe_read_user(w->tr, 128, (void *)t) ||
+	    w->tr[lj_gct(w)] != LJ_GCT_TRACE || tr_u16(w, w->cfg.tr_traceno) != n)
+		return 0;
+	return tr_u64(w, w->cfg.tr_mcode);
+}
+
+/* One side trace of the root: stops at the one whose code holds w->ofs (an address). */
+static long trace_side_step(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w || !w->side)
+		return 1;
+	__u64 mcode = trace_read(w, w->traces, w->side);
+	if (!mcode)
+		return 1;
+	if (w->ofs >= mcode && w->ofs - mcode < tr_u32(w, w->cfg.tr_szmcode)) {
+		w->ret = mcode;
+		return 1;
+	}
+	w->side = tr_u16(w, w->cfg.tr_traceno + LJ_TR_NEXTSIDE);
+	return 0;
+}
+
+/* A side trace begins with moves that restore its parent's exit state, and only then
+ * stores its own number in vmstate: a sample there is in a side trace of the running
+ * trace's root (w->tr) while vmstate names the parent. Finds it along the root's chain
+ * of side traces and leaves it in w->tr; returns its mcode, 0 if ip is in none. */
+static __always_inline __u64 trace_side(struct lua_work *w, __u64 traces, __u32 traceno,
+					 __u64 ip)
+{
+	__u32 root = tr_u16(w, w->cfg.tr_traceno + LJ_TR_ROOT);
+	if (!root)
+		root = traceno;
+	if (root != traceno && !trace_read(w, traces, root))
+		return 0;
+	w->traces = traces;
+	w->side = tr_u16(w, w->cfg.tr_traceno + LJ_TR_NEXTSIDE);
+	w->ofs = ip;
+	w->ret = 0;
+	bpf_loop(LREC_JIT_SIDES, trace_side_step, NULL, 0);
+	return w->ret;
+}
+
 /* A sample in trace `traceno`: emits the frames of the functions inlined into the trace
  * at the snapshot covering ip, innermost first, and leaves w->pc at the PC of the
  * trace's start frame (at jit_base), whose walk follows (lua_step checks that the PC lies
  * in its function). A sample that cannot be mapped keeps the start frame only, without a
  * PC, and is flagged. */
-static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno)
+static __always_inline void lua_trace(struct lua_work *w, struct sample_buf *b, __u64 ip,
+					__u32 traceno)
 {
 	struct lrec_lua_config *c = &w->cfg;
 	w->jit_bad = 0;
@@ -177,14 +275,18 @@ static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 tracen
 	if (!c->j_trace)
 		goto unmapped;
 	__u64 traces = rd64(w->g + c->j_trace);
-	__u64 t = traces ? rdref(w, traces + (__u64)traceno * lj_refsize(w)) : 0;
-	if (!t || bpf_probe_read_user(w->tr, 128, (void *)t))
+	__u64 mcode = trace_read(w, traces, traceno);
+	if (!mcode)
 		goto unmapped;
-	if (w->tr[lj_gct(w)] != LJ_GCT_TRACE || tr_u16(w, c->tr_traceno) != traceno)
-		goto unmapped;
-	__u64 mcode = tr_u64(w, c->tr_mcode);
-	if (ip < mcode || ip - mcode >= tr_u32(w, c->tr_szmcode))
-		goto unmapped;
+	__u32 size = tr_u32(w, c->tr_szmcode);
+	if (ip < mcode || ip - mcode >= size) {
+		/* In a helper the trace called, or in a side trace's first instructions. */
+		__u64 ret = trace_return(w, b, mcode, size);
+		if (ret)
+			ip = ret;
+		else if (!(mcode = trace_side(w, traces, traceno, ip)))
+			goto unmapped;
+	}
 	w->tr_ir = tr_u64(w, c->tr_ir);
 	w->tr_snap = tr_u64(w, c->tr_snap);
 	w->ofs = ip - mcode;

@@ -75,8 +75,10 @@ fn inlined_functions_are_shown(what: &str, luajit: PathBuf) {
         in_mix * 10 >= judged,
         "{what}: mix, inlined into the trace, is the leaf of {in_mix}/{judged} samples only"
     );
+    // Samples in helpers the trace called and in side traces' first instructions are
+    // mapped too: what is left are exit stubs and the first milliseconds.
     assert!(
-        mapped * 10 >= (mapped + unmapped) * 8,
+        mapped * 100 >= (mapped + unmapped) * 98,
         "{what}: {mapped} samples in traces mapped, {unmapped} not"
     );
     std::fs::remove_dir_all(dir).ok();
@@ -127,8 +129,10 @@ fn flushed_traces_name_the_right_phase(what: &str, luajit: PathBuf) {
         "{what}: {right}/{judged} right; wrong: {:#?}",
         &wrong[..wrong.len().min(5)]
     );
+    // Samples in helpers the trace called and in side traces' first instructions are
+    // mapped too: what is left are exit stubs and the first milliseconds.
     assert!(
-        mapped * 10 >= (mapped + unmapped) * 8,
+        mapped * 100 >= (mapped + unmapped) * 98,
         "{what}: {mapped} samples in traces mapped, {unmapped} not"
     );
     std::fs::remove_dir_all(dir).ok();
