@@ -4,8 +4,9 @@
 #   1. bytes per sample: lrec capture (embedded sections included) vs
 #      `perf record --call-graph dwarf,16384 -z`
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
-#   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 runs only that.
-#   4. Off-CPU overhead. 5. Latency (uprobe) overhead.
+#   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 or any ONLY skips 1 and 2.
+#   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
+#      (ONLY=jp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -15,7 +16,7 @@ mkdir -p "$OUT"
 rm -f "$OUT"/{lrec.lrec,perf.data}
 
 now() { date +%s.%N; }
-if [ -z "${SKIP_NATIVE:-}" ]; then
+if [ -z "${SKIP_NATIVE:-}" ] && [ -z "${ONLY:-}" ]; then
 fixtures/build/native $((SECS + 4)) >/dev/null &
 target=$!
 trap 'kill $target 2>/dev/null || true' EXIT
@@ -78,7 +79,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in offcpu|latency) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in offcpu|latency|jp) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -193,5 +194,48 @@ if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = latency ]; then
     awk -v b="$nb" -v l="$nl" 'BEGIN { printf "%-44s %16d %16d %+9.1f%%\n", "node loop.js 4: 1 ms immediates, bare/--node-loop", b, l, 100 * (l / b - 1) }'
     ./target/release/lanalyze "$OUT/node.lrec" --latency 2>/dev/null | sed -n '/Node.js event loop/,$p' | head -20
   fi
+fi
+
+# 6. JIT-compiled Lua vs LuaJIT's own profiler (issue 8): fixtures/workloads/lua/inlined.lua
+#    (run's loop calls hash, which calls mix twice; both are inlined into run's trace) under
+#    `luajit -jp=f` and `-jp=l` and under `lrec -F 999 --`: the share of samples per leaf Lua
+#    function and per line, side by side, with Debian's luajit and the fixtures' GC64 and
+#    GC32 builds (their -jp uses the jit/*.lua of their own build tree). -jp compiles other traces than the
+#    process runs without it: a profiling guard and a snapshot at every function (-jp=f) or
+#    line (-jp=l) change; lrec reads the traces as they are.
+JP_SECS=${JP_SECS:-6}
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = jp ]; then
+  # "NN%  KEY" lines of -jp (or of lrec's shares, printed the same way) into "KEY NN".
+  jp_shares() { awk '$1 ~ /%$/ { sub(/%/, "", $1); print $2, $1 }'; }
+  # Leaf Lua frame of each folded stack: by function ($1 = f) or by chunk:line ($1 = l).
+  lrec_shares() {
+    awk -v by="$1" '{ n = $NF; $NF = ""; k = split($0, f, ";"); leaf = ""
+      for (i = k; i >= 1; i--) if (f[i] ~ /\.lua:[0-9]+@[0-9]+ *$/) { leaf = f[i]; break }
+      if (leaf == "") next
+      split(leaf, w, " "); sub(/ *$/, "", w[2]); m = split(w[2], p, "/"); split(p[m], q, "@")
+      sub(/:[0-9]+$/, "", q[1]); key = (by == "f") ? w[1] : q[1] ":" q[2]
+      c[key] += n; t += n }
+      END { for (key in c) printf "%s %.1f\n", key, 100 * c[key] / t }'
+  }
+  for lj in /usr/bin/luajit fixtures/bin/luajit-gc64 fixtures/bin/luajit-gc32; do
+    [ -x "$lj" ] || continue
+    case $lj in
+      /usr/bin/*) JP_LIB=$(ls -d /usr/share/luajit-2.1*/ 2>/dev/null | head -1) ;;
+      *) JP_LIB=fixtures/build/$(basename "$lj")/src/ ;;
+    esac
+    ./target/release/lrec -q -F 999 -o "$OUT/jp.lrec" -- "$lj" fixtures/workloads/lua/inlined.lua "$JP_SECS" >/dev/null 2>&1
+    for mode in f l; do
+      LUA_PATH="${JP_LIB}?.lua;;" "$lj" -jp="$mode" fixtures/workloads/lua/inlined.lua "$JP_SECS" 2>&1 | jp_shares >"$OUT/jp.$mode"
+      ./target/release/lanalyze "$OUT/jp.lrec" --folded --lines 2>/dev/null | lrec_shares "$mode" >"$OUT/lrec.$mode"
+      echo
+      echo "$lj inlined.lua, -jp=$mode vs lrec (% of samples with a Lua leaf)"
+      printf "%-22s %8s %8s %8s\n" "$([ $mode = f ] && echo function || echo line)" "-jp" "lrec" "diff"
+      awk 'FNR == NR { jp[$1] = $2; k[$1] = 1; next } { lr[$1] = $2; k[$1] = 1 }
+        END { for (x in k) if (jp[x] + lr[x] >= 1) { d = lr[x] - jp[x]; if (d < 0) d = -d; if (d > m) m = d
+                printf "%-22s %8.1f %8.1f %8.1f\n", x, jp[x], lr[x], lr[x] - jp[x] }
+              printf "%-22s %26.1f points\n", "largest difference", m }' "$OUT/jp.$mode" "$OUT/lrec.$mode"
+    done
+    ./target/release/lanalyze "$OUT/jp.lrec" --info 2>/dev/null | grep 'in traces'
+  done
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true
