@@ -66,7 +66,6 @@ struct lua_work {
 	__u32 out;          /* byte offset of the next frame in the sample's data */
 	__u32 n;
 	__u32 flags;
-	__u32 scanned;      /* stack slots scanned so far */
 	__u32 tgid;
 	__u8 fn[72];        /* the GCfunc being read (and 8 bytes of slack) */
 	__u8 pt[136];       /* the GCproto fields read, from sizebc on, and slack */
@@ -93,10 +92,12 @@ struct lua_work {
 	__u32 lo, hi;       /* binary search over the snapshots' mcode offsets */
 	__u64 ofs;          /* the sampled instruction's offset in the trace's mcode */
 	struct lj_snapshot snap; /* the last snapshot searched that begins at or before ofs */
-	__u64 ret, ret_lo, ret_hi; /* trace_return: the address found, the trace's code */
-	__u32 ret_words;    /* words of the copied stack to search */
-	__u32 side;         /* trace_side: the next side trace to look at */
-	__u64 traces;       /* J->trace */
+	/* An ip outside the running trace's code: trace_return searches the stack for a
+	 * return address into [code, code_end); trace_side the side traces for one whose
+	 * code holds ip, starting at side. found: the address or the side trace's mcode. */
+	__u64 code, code_end, ip, found, traces;
+	__u32 side;
+	__u32 pad3;
 	__u64 tr_ir, tr_snap;
 	__u32 fl;           /* GC32: the next frame link in the snapshot map */
 	__u16 func0_ref;
@@ -223,15 +224,12 @@ static long lua_scan_slot(__u64 i, void *unused)
 	struct lua_work *w = lua_work();
 	if (!w)
 		return 1;
-	__u32 off = w->scanned * 8;
-	w->scanned++;
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b || off + 8 > b->s.stack_len)
+	__u64 v;
+	if (!copied_stack_word(w->cpu, i, &v))
 		return 1;
-	__u64 v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
 	if (!in_vm(w, v))
 		return 0;
-	__u64 cf = w->sp + off + 8;
+	__u64 cf = w->sp + i * 8 + 8;
 	__u64 l = rdref(w, cf + w->cfg.cf_l);
 	if (!l)
 		return 0;
@@ -249,7 +247,6 @@ static __always_inline int lua_find(struct lua_work *w, struct lrec_regs *r, __u
 	__u64 *last = bpf_map_lookup_elem(&lua_thread_vm, &tid);
 	if (last && lua_try(w, *last))
 		return 1;
-	w->scanned = 0;
 	bpf_loop(LREC_LUA_SCAN_SLOTS, lua_scan_slot, NULL, 0);
 	return w->g != 0;
 }
@@ -677,7 +674,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->jit_start = trace;
 	if (trace)
 		/* The functions inlined into the trace; the walk goes on from its start frame. */
-		lua_trace(w, b, r->ip, vmstate);
+		lua_trace(w, r->ip, vmstate);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	return lua_stack_end(b, w, offset, l0, cf0, vmstate);
 }

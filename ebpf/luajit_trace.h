@@ -169,14 +169,10 @@ static long trace_frame(__u64 i, void *unused)
 static long trace_return_step(__u64 i, void *unused)
 {
 	struct lua_work *w = lua_work();
-	if (!w || i >= w->ret_words)
+	__u64 v;
+	if (!w || !copied_stack_word(w->cpu, i, &v))
 		return 1;
-	__u32 cpu = w->cpu;
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
-	if (!b)
-		return 1;
-	__u64 v = *(__u64 *)&b->data[(i * 8) & (LREC_DATA_SIZE - 1)];
-	if (v <= w->ret_lo + 5 || v >= w->ret_hi)
+	if (v <= w->code + 5 || v >= w->code_end)
 		return 0;
 	/* A return address follows a call: E8 rel32, or FF /2 with a register operand
 	 * (what LuaJIT's emit_call writes when the target is out of rel32 range). */
@@ -185,25 +181,23 @@ static long trace_return_step(__u64 i, void *unused)
 		return 0;
 	if (code[0] != 0xe8 && !(code[3] == 0xff && (code[4] & 0xf8) == 0xd0))
 		return 0;
-	w->ret = v;
+	w->found = v;
 	return 1;
 }
 
 /* A sample outside the running trace's machine code but in its VM state: in a helper the
  * trace called (lj_vm_modi, lj_tab_newkey, a GC step, a math function). The trace resumes
- * at the return address, the innermost word of the copied stack (b, this CPU's scratch
- * buffer) that lies in the trace's code right after a call instruction: the address of
- * that call, or 0 if there is none (an exit stub: unmapped). Words above sp belong to live frames only, the helper's and
- * then the trace's, so no older return address can be found first. */
-static __always_inline __u64 trace_return(struct lua_work *w, struct sample_buf *b,
-					   __u64 mcode, __u32 size)
+ * at the return address, the innermost word of the copied stack that lies in the trace's
+ * code right after a call instruction: returns the address of that call, or 0 if there is
+ * none (an exit stub: unmapped). Words above sp belong to live frames only, the helper's
+ * and then the trace's, so no older return address can be found first. */
+static __always_inline __u64 trace_return(struct lua_work *w, __u64 mcode, __u32 size)
 {
-	w->ret = 0;
-	w->ret_lo = mcode;
-	w->ret_hi = mcode + size;
-	w->ret_words = b->s.stack_len / 8;
+	w->found = 0;
+	w->code = mcode;
+	w->code_end = mcode + size;
 	bpf_loop(LREC_JIT_RET_WORDS, trace_return_step, NULL, 0);
-	return w->ret ? w->ret - 1 : 0;
+	return w->found ? w->found - 1 : 0;
 }
 
 /* GCtrace (lj_jit.h): traceno, link, root, nextroot and nextside are 16-bit in a row. */
@@ -222,7 +216,7 @@ static __always_inline __u64 trace_read(struct lua_work *w, __u64 traces, __u32 
 	return tr_u64(w, w->cfg.tr_mcode);
 }
 
-/* One side trace of the root: stops at the one whose code holds w->ofs (an address). */
+/* One side trace of the root: stops at the one whose code holds w->ip. */
 static long trace_side_step(__u64 i, void *unused)
 {
 	struct lua_work *w = lua_work();
@@ -231,8 +225,8 @@ static long trace_side_step(__u64 i, void *unused)
 	__u64 mcode = trace_read(w, w->traces, w->side);
 	if (!mcode)
 		return 1;
-	if (w->ofs >= mcode && w->ofs - mcode < tr_u32(w, w->cfg.tr_szmcode)) {
-		w->ret = mcode;
+	if (w->ip >= mcode && w->ip - mcode < tr_u32(w, w->cfg.tr_szmcode)) {
+		w->found = mcode;
 		return 1;
 	}
 	w->side = tr_u16(w, w->cfg.tr_traceno + LJ_TR_NEXTSIDE);
@@ -253,10 +247,10 @@ static __always_inline __u64 trace_side(struct lua_work *w, __u64 traces, __u32 
 		return 0;
 	w->traces = traces;
 	w->side = tr_u16(w, w->cfg.tr_traceno + LJ_TR_NEXTSIDE);
-	w->ofs = ip;
-	w->ret = 0;
+	w->ip = ip;
+	w->found = 0;
 	bpf_loop(LREC_JIT_SIDES, trace_side_step, NULL, 0);
-	return w->ret;
+	return w->found;
 }
 
 /* A sample in trace `traceno`: emits the frames of the functions inlined into the trace
@@ -264,8 +258,7 @@ static __always_inline __u64 trace_side(struct lua_work *w, __u64 traces, __u32 
  * trace's start frame (at jit_base), whose walk follows (lua_step checks that the PC lies
  * in its function). A sample that cannot be mapped keeps the start frame only, without a
  * PC, and is flagged. */
-static __always_inline void lua_trace(struct lua_work *w, struct sample_buf *b, __u64 ip,
-					__u32 traceno)
+static __always_inline void lua_trace(struct lua_work *w, __u64 ip, __u32 traceno)
 {
 	struct lrec_lua_config *c = &w->cfg;
 	w->jit_bad = 0;
@@ -281,7 +274,7 @@ static __always_inline void lua_trace(struct lua_work *w, struct sample_buf *b, 
 	__u32 size = tr_u32(w, c->tr_szmcode);
 	if (ip < mcode || ip - mcode >= size) {
 		/* In a helper the trace called, or in a side trace's first instructions. */
-		__u64 ret = trace_return(w, b, mcode, size);
+		__u64 ret = trace_return(w, mcode, size);
 		if (ret)
 			ip = ret;
 		else if (!(mcode = trace_side(w, traces, traceno, ip)))

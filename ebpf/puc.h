@@ -57,7 +57,6 @@ struct puc_work {
 	__u32 flags;
 	__u32 tgid;
 	__u32 t;         /* thread being walked, counting down from the innermost */
-	__u32 scanned;
 	__u64 regs[PUC_NREGS];
 	__u64 ci, base_ci, l_savedpc, bottom;
 	__u64 last_func, last_pt, last_code, last_call, last_op;
@@ -164,11 +163,8 @@ static long puc_try_word(__u64 i, void *unused)
 	if (i < PUC_NREGS) {
 		v = w->regs[i & (PUC_NREGS - 1)];
 	} else {
-		__u32 off = (i - PUC_NREGS) * 8;
-		struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-		if (!b || off + 8 > b->s.stack_len)
+		if (!copied_stack_word(w->cpu, i - PUC_NREGS, &v))
 			return 1;
-		v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
 		/* Stack addresses are no states. */
 		if (v >= w->sp && v < w->stack_top)
 			return 0;

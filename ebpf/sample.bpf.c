@@ -53,6 +53,18 @@ struct {
 	__type(value, struct sample_buf);
 } scratch SEC(".maps");
 
+/* Word i of the user stack copied into CPU cpu's scratch buffer, counting from sp: 1 with
+ * the word in *v, 0 past the copy. The stack searches of the Lua walkers read it so. */
+static __always_inline int copied_stack_word(__u32 cpu, __u64 i, __u64 *v)
+{
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
+	__u64 off = i * 8;
+	if (!b || off + 8 > b->s.stack_len)
+		return 0;
+	*v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
+	return 1;
+}
+
 /* Samples dropped because the ring buffer was full. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
