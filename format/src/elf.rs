@@ -5,7 +5,9 @@
 use crate::v1::{Binary, Section, Segment};
 
 mod functions;
+mod lua_vm;
 pub use functions::*;
+pub use lua_vm::*;
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, NoteIterator, ProgramHeader, SectionHeader};
 use object::{Endianness, FileKind, LittleEndian, Object, ObjectSection};
@@ -111,6 +113,45 @@ pub fn interpreter(data: &[u8]) -> Option<String> {
 /// data cannot be read (bad offsets, unsupported compression) is recorded without data.
 /// Compressed sections are embedded decompressed, and then `size` is the uncompressed size.
 pub fn binary_record(path: &str, data: &[u8], debug: DebugInfo) -> Binary {
+    record_of(path, data, |file| {
+        let embed_debug = match debug {
+            DebugInfo::None => false,
+            DebugInfo::All => true,
+            DebugInfo::IfSmall(limit) => debug_info_size(file) <= limit,
+        };
+        move |name: &str| {
+            if UNWIND_AND_SYMBOL_SECTIONS.contains(&name)
+                || (embed_debug && DEBUG_INFO_SECTIONS.contains(&name))
+            {
+                Embed::Data
+            } else if RANGE_ONLY_SECTIONS.contains(&name) {
+                Embed::RangeOnly
+            } else {
+                Embed::Skip
+            }
+        }
+    })
+}
+
+/// The record of an ELF file with its segments and unwind sections only (no symbols):
+/// what finding a Lua interpreter in it needs ([`luajit_vm`], [`puc_execute`]), cheap to
+/// build for every library a process maps.
+pub fn unwind_record(path: &str, data: &[u8]) -> Binary {
+    record_of(path, data, |_| {
+        |name: &str| match name {
+            ".eh_frame" | ".eh_frame_hdr" => Embed::Data,
+            ".text" => Embed::RangeOnly,
+            _ => Embed::Skip,
+        }
+    })
+}
+
+/// A [`Binary`] whose sections are embedded as `embed` (made for the parsed file) says.
+fn record_of<'d, F: Fn(&str) -> Embed>(
+    path: &str,
+    data: &'d [u8],
+    embed: impl FnOnce(&ElfFile64<'d, LittleEndian>) -> F,
+) -> Binary {
     let mut binary = Binary {
         build_id: build_id(data),
         path: path.to_owned(),
@@ -122,7 +163,7 @@ pub fn binary_record(path: &str, data: &[u8], debug: DebugInfo) -> Binary {
             let endian = file.endian();
             binary.elf_type = file.elf_header().e_type(endian);
             binary.segments = load_segments(&file);
-            binary.sections = sections(&file, debug);
+            binary.sections = sections(&file, embed(&file));
         }
         Err(error) => binary.error = Some(error),
     }
@@ -171,30 +212,13 @@ enum Embed {
     Skip,
 }
 
-fn sections(file: &ElfFile64<'_, LittleEndian>, debug: DebugInfo) -> Vec<Section> {
-    let embed_debug = match debug {
-        DebugInfo::None => false,
-        DebugInfo::All => true,
-        DebugInfo::IfSmall(limit) => debug_info_size(file) <= limit,
-    };
+fn sections(file: &ElfFile64<'_, LittleEndian>, embed: impl Fn(&str) -> Embed) -> Vec<Section> {
     let mut out = Vec::new();
     for section in file.sections() {
         let Some(name) = canonical_name(&section) else {
             continue;
         };
-        let embed = if UNWIND_AND_SYMBOL_SECTIONS.contains(&name) {
-            Embed::Data
-        } else if DEBUG_INFO_SECTIONS.contains(&name) {
-            if embed_debug {
-                Embed::Data
-            } else {
-                Embed::Skip
-            }
-        } else if RANGE_ONLY_SECTIONS.contains(&name) {
-            Embed::RangeOnly
-        } else {
-            Embed::Skip
-        };
+        let embed = embed(name);
         if embed == Embed::Skip {
             continue;
         }
@@ -246,6 +270,72 @@ fn debug_info_size(file: &ElfFile64<'_, LittleEndian>) -> u64 {
                 .map_or(s.size(), |r| r.uncompressed_size)
         })
         .sum()
+}
+
+type EhFrame<'a> = gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>;
+
+type Cie<'a> = gimli::CommonInformationEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>;
+type Fde<'a> = gimli::FrameDescriptionEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>;
+
+/// Calls `f` with every FDE of a binary's `.eh_frame`.
+fn for_each_fde<'a>(
+    binary: &'a Binary,
+    f: impl FnMut(&Fde<'a>, &EhFrame<'a>, &gimli::BaseAddresses),
+) {
+    for_each_fde_of(binary, |_| true, f)
+}
+
+/// Calls `f` with every FDE of a binary's `.eh_frame` whose CIE `cie` accepts. Each CIE
+/// is parsed once, and FDEs of other CIEs are not parsed at all.
+fn for_each_fde_of<'a>(
+    binary: &'a Binary,
+    cie: impl Fn(&Cie<'a>) -> bool,
+    mut f: impl FnMut(&Fde<'a>, &EhFrame<'a>, &gimli::BaseAddresses),
+) {
+    use gimli::UnwindSection;
+    let Some(eh) = binary.section(".eh_frame").filter(|s| !s.data.is_empty()) else {
+        return;
+    };
+    let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.addr);
+    if let Some(text) = binary.section(".text") {
+        bases = bases.set_text(text.addr);
+    }
+    if let Some(hdr) = binary.section(".eh_frame_hdr") {
+        bases = bases.set_eh_frame_hdr(hdr.addr);
+    }
+    let frame = gimli::EhFrame::new(&eh.data, gimli::LittleEndian);
+    // CIEs by offset, None when `cie` refused it or it does not parse.
+    let mut cies: std::collections::HashMap<usize, Option<Cie<'a>>> = Default::default();
+    let mut entries = frame.entries(&bases);
+    while let Ok(Some(entry)) = entries.next() {
+        let gimli::CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let offset = partial.cie_offset().0;
+        let parsed = cies.entry(offset).or_insert_with(|| {
+            frame
+                .cie_from_offset(&bases, partial.cie_offset())
+                .ok()
+                .filter(|c| cie(c))
+        });
+        let Some(parsed) = parsed.clone() else {
+            continue;
+        };
+        if let Ok(fde) = partial.parse(|_, _, _| Ok(parsed.clone())) {
+            f(&fde, &frame, &bases);
+        }
+    }
+}
+
+/// The code range (SVMA) of the function symbol `name` in an ELF file's `.symtab` or
+/// `.dynsym` (a binary, or the separate debug file of one).
+pub fn function_symbol(data: &[u8], name: &str) -> Option<(u64, u64)> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let file = parse_x86_64(data).ok()?;
+    file.symbols()
+        .chain(file.dynamic_symbols())
+        .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
+        .map(|s| (s.address(), s.address() + s.size()))
 }
 
 #[cfg(test)]
@@ -554,126 +644,4 @@ mod tests {
             .unwrap()
             .contains("x86_64"));
     }
-}
-
-/// A LuaJIT interpreter found in a binary's `.eh_frame`: its code range (SVMA) and the
-/// size of its C frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LuaJitVm {
-    pub start: u64,
-    pub end: u64,
-    /// CFRAME_SIZE: 80, or 96 in builds with LUAJIT_NO_UNWIND.
-    pub cframe_size: u32,
-}
-
-/// Smallest FDE taken for an interpreter: LuaJIT's VM is one hand-written function of
-/// tens of kilobytes; compiled functions with such a frame are far smaller.
-const MIN_VM_FDE: u64 = 10_000;
-
-/// Finds LuaJIT's interpreter by its unwind info, which no build hides: buildvm emits one
-/// FDE covering `lj_vm_asm_begin` up to the FFI call code, whose CFA is `rsp + 80` (or
-/// `+ 96`) everywhere, the VM's C frame. Symbols are not needed (Debian hides `lj_*`).
-pub fn luajit_vm(binary: &Binary) -> Option<LuaJitVm> {
-    use gimli::{CfaRule, UnwindContext, X86_64};
-    let mut ctx = UnwindContext::new();
-    let mut best: Option<LuaJitVm> = None;
-    for_each_fde(binary, |fde, frame, bases| {
-        let (start, len) = (fde.initial_address(), fde.len());
-        if len < MIN_VM_FDE || best.is_some_and(|b| b.end - b.start >= len) {
-            return;
-        }
-        let mid = start + len / 2;
-        let Ok(row) = fde.unwind_info_for_address(frame, bases, &mut ctx, mid) else {
-            return;
-        };
-        if let CfaRule::RegisterAndOffset { register, offset } = row.cfa() {
-            if *register == X86_64::RSP && matches!(offset, 80 | 96) {
-                best = Some(LuaJitVm {
-                    start,
-                    end: start + len,
-                    cframe_size: *offset as u32,
-                });
-            }
-        }
-    });
-    best
-}
-
-type EhFrame<'a> = gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>;
-
-/// Calls `f` with every FDE of a binary's `.eh_frame`.
-fn for_each_fde<'a>(
-    binary: &'a Binary,
-    mut f: impl FnMut(
-        &gimli::FrameDescriptionEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>,
-        &EhFrame<'a>,
-        &gimli::BaseAddresses,
-    ),
-) {
-    use gimli::UnwindSection;
-    let Some(eh) = binary.section(".eh_frame").filter(|s| !s.data.is_empty()) else {
-        return;
-    };
-    let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh.addr);
-    if let Some(text) = binary.section(".text") {
-        bases = bases.set_text(text.addr);
-    }
-    if let Some(hdr) = binary.section(".eh_frame_hdr") {
-        bases = bases.set_eh_frame_hdr(hdr.addr);
-    }
-    let frame = gimli::EhFrame::new(&eh.data, gimli::LittleEndian);
-    let mut entries = frame.entries(&bases);
-    while let Ok(Some(entry)) = entries.next() {
-        if let gimli::CieOrFde::Fde(partial) = entry {
-            if let Ok(fde) = partial.parse(gimli::EhFrame::cie_from_offset) {
-                f(&fde, &frame, &bases);
-            }
-        }
-    }
-}
-
-/// The code range (SVMA) of the largest function the binary's `.eh_frame` describes.
-pub fn largest_function(binary: &Binary) -> Option<(u64, u64)> {
-    let mut best: Option<(u64, u64)> = None;
-    for_each_fde(binary, |fde, _, _| {
-        let (start, len) = (fde.initial_address(), fde.len());
-        if best.is_none_or(|(s, e)| e - s < len) {
-            best = Some((start, start + len));
-        }
-    });
-    best
-}
-
-/// The code range (SVMA) of the function symbol `name` in an ELF file's `.symtab` or
-/// `.dynsym` (a binary, or the separate debug file of one).
-pub fn function_symbol(data: &[u8], name: &str) -> Option<(u64, u64)> {
-    use object::{Object, ObjectSymbol, SymbolKind};
-    let file = parse_x86_64(data).ok()?;
-    file.symbols()
-        .chain(file.dynamic_symbols())
-        .find(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.name() == Ok(name))
-        .map(|s| (s.address(), s.address() + s.size()))
-}
-
-/// A PUC Lua release named in a binary by `lua_ident` (lapi.c), which every build that
-/// links the Lua API carries: `$LuaVersion: Lua 5.4.6  Copyright…` (5.2 on) or
-/// `$Lua: Lua 5.1.5 Copyright…`. Returns (minor, patch), e.g. (4, 6).
-pub fn lua_release(data: &[u8]) -> Option<(u32, u32)> {
-    for prefix in [&b"$LuaVersion: Lua 5."[..], &b"$Lua: Lua 5."[..]] {
-        let Some(at) = data.windows(prefix.len()).position(|w| w == prefix) else {
-            continue;
-        };
-        let rest = &data[at + prefix.len()..];
-        let number = |b: &[u8]| -> Option<(u32, usize)> {
-            let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
-            Some((std::str::from_utf8(&b[..n]).ok()?.parse().ok()?, n))
-        };
-        let (minor, n) = number(rest)?;
-        let patch = match rest.get(n) {
-            Some(b'.') => number(&rest[n + 1..]).map_or(0, |(p, _)| p),
-            _ => 0,
-        };
-        return Some((minor, patch));
-    }
-    None
 }
