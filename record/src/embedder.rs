@@ -39,6 +39,8 @@ impl Embedder {
         std::thread::Builder::new()
             .name("lrec-embed".into())
             .spawn(move || {
+                // Reading and compressing binaries yields to the target on a busy machine.
+                crate::procfs::lower_priority();
                 for job in inbox {
                     if outbox.send(embed(job)).is_err() {
                         break;

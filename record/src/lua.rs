@@ -59,7 +59,7 @@ impl TraceArray {
 
 struct ProcessVm {
     path: String,
-    /// When the interpreter was found.
+    /// When the interpreter was found, or sampling started if that was later.
     found: std::time::Instant,
     code: Vec<VmCode>,
     detection: Detection,
@@ -113,6 +113,8 @@ pub struct LuaVms {
     /// of them [`LuaVms::take_luajit_binaries`] has not handed out yet.
     luajit_binaries: Vec<String>,
     new_luajit: usize,
+    /// Processes told that a binary they map holds a Lua VM lrec cannot locate.
+    unlocated: std::collections::HashSet<(u32, String)>,
 }
 
 impl LuaVms {
@@ -144,6 +146,23 @@ impl LuaVms {
         } else if let Some(layout) = self.layout_of(path) {
             self.ready(pid, layout);
         }
+    }
+
+    /// Notes that process `pid` maps `path`, a binary whose version string shows a Lua VM
+    /// that could not be located (`why`): said once, and recorded as a runtime in error.
+    pub fn add_unlocated(&mut self, pid: u32, path: &str, why: &str) {
+        if !self.unlocated.insert((pid, path.to_string())) {
+            return;
+        }
+        let msg = format!("pid {pid}: {why}");
+        self.messages.push(msg.clone());
+        self.records.push(Record::LuaRuntime(LuaRuntime {
+            pid,
+            vm: "Lua".into(),
+            path: path.to_string(),
+            error: Some(msg),
+            ..LuaRuntime::default()
+        }));
     }
 
     /// The layout told for a process running the VM in binary `path`: the same for every
@@ -203,6 +222,15 @@ impl LuaVms {
         let key = proto_key!(p.tgid, p);
         if !self.protos.contains_key(&key) {
             self.copied.insert(key, p);
+        }
+    }
+
+    /// Sampling starts now: the interpreters found before (an attached target's) have
+    /// their first seconds of samples to be told from now on.
+    pub fn sampling_started(&mut self) {
+        let now = std::time::Instant::now();
+        for p in self.procs.values_mut() {
+            p.found = now;
         }
     }
 
@@ -407,9 +435,16 @@ impl LuaVms {
         // Only samples in the interpreter count against a layout: a VM that never runs
         // during the recording is not an unknown one.
         *tries += u32::from(in_vm);
+        // DISPATCH in r14 (the interpreter, GC64 traces) tells a layout at the cost of a
+        // few reads; the stack's C frames (GC32 traces, C code) are searched only when no
+        // layout validates that way.
+        let by_register: Vec<bool> = LAYOUTS
+            .iter()
+            .map(|l| luajit::validates(mem, l, sample.regs.r14, &p.code))
+            .collect();
+        let any = by_register.contains(&true);
         for (i, layout) in LAYOUTS.iter().enumerate() {
-            let by_register = luajit::validates(mem, layout, sample.regs.r14, &p.code);
-            if by_register || luajit::on_stack(mem, layout, sample, &p.code) {
+            if by_register[i] || (!any && luajit::on_stack(mem, layout, sample, &p.code)) {
                 votes[i] += 1;
             }
         }

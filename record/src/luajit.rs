@@ -100,6 +100,8 @@ const GC64: Layout = Layout {
         tr_szmcode: 84,
         tr_mcode: 88,
         tr_traceno: 104,
+        cts_stack: CTS_STACK_UPSTREAM,
+        pad: 0,
     },
     pt_k: 32,
     pt_sizept: 56,
@@ -147,6 +149,8 @@ const GC32: Layout = Layout {
         tr_szmcode: 60,
         tr_mcode: 64,
         tr_traceno: 80,
+        cts_stack: CTS_STACK_UPSTREAM,
+        pad: 0,
     },
     pt_k: 16,
     pt_sizept: 32,
@@ -155,25 +159,35 @@ const GC32: Layout = Layout {
     builtins: upstream_builtins,
 };
 
-/// A layout that differs from `base` in where G, the current state and the JIT base are.
+/// Where CCallback.stack lies in CTState (lj_ctype.h: after 8 pointer-sized fields or 7,
+/// 8 or 14 FPR slots and 8 GPR slots): upstream at 168 (since 2024-04, when the
+/// finalizer table left CTState) or 176 (before), OpenResty's fork (14 FPR slots since
+/// 2019) at 224 or, should the table leave there too, 216. The BPF walker reads both
+/// words of a pair: the other is an unused GPR slot or the callback's mcode pointer.
+const CTS_STACK_UPSTREAM: u32 = 168;
+const CTS_STACK_OPENRESTY: u32 = 216;
+
+/// A layout that differs from `base` in where G, the current state and the JIT base are,
+/// and in its fork's built-in functions and FFI callback state.
 const fn variant(
     base: Layout,
     name: &'static str,
     g2disp: u32,
     g_cur_l: u32,
     g_jit_base: u32,
-    builtins: fn() -> Vec<&'static str>,
+    openresty: bool,
 ) -> Layout {
     let mut l = base;
     l.name = name;
     l.abi.g2disp = g2disp;
     l.abi.g_cur_l = g_cur_l;
     l.abi.g_jit_base = g_jit_base;
-    l.builtins = builtins;
+    if openresty {
+        l.builtins = crate::luajit_builtins::openresty;
+        l.abi.cts_stack = CTS_STACK_OPENRESTY;
+    }
     l
 }
-
-use crate::luajit_builtins::openresty;
 
 fn upstream_builtins() -> Vec<&'static str> {
     crate::luajit_builtins::UPSTREAM.to_vec()
@@ -182,25 +196,11 @@ fn upstream_builtins() -> Vec<&'static str> {
 /// The layouts known, tried in order against the live process.
 pub const LAYOUTS: &[Layout] = &[
     GC64,
-    variant(GC64, "openresty-gc64", 4008, 368, 376, openresty),
+    variant(GC64, "openresty-gc64", 4008, 368, 376, true),
     GC32,
-    variant(
-        GC64,
-        "upstream-2022-gc64",
-        3968,
-        368,
-        376,
-        upstream_builtins,
-    ),
-    variant(
-        GC32,
-        "upstream-2022-gc32",
-        3176,
-        288,
-        292,
-        upstream_builtins,
-    ),
-    variant(GC32, "openresty-gc32", 3216, 288, 292, openresty),
+    variant(GC64, "upstream-2022-gc64", 3968, 368, 376, false),
+    variant(GC32, "upstream-2022-gc32", 3176, 288, 292, false),
+    variant(GC32, "openresty-gc32", 3216, 288, 292, true),
 ];
 
 /// The BPF walker's configuration for a layout and the interpreter ranges of a process.

@@ -259,14 +259,16 @@ pub fn release(minor: u32, patch: u32) -> Option<Release> {
 
 /// Where a binary's `luaV_execute` lies (SVMA), and how it was found: its own symbols,
 /// those of its separate debug file (Debian's `-dbg` packages, by build-id), or, in a
-/// stripped binary, the largest function (the interpreter's loop is).
+/// stripped binary, the dispatch table of its release's opcodes that only the interpreter
+/// loop holds ([`elf::puc_execute`]). `Err` says why it was not found.
 pub fn find_execute(
     data: &[u8],
     binary: &lrec_format::Binary,
+    minor: u32,
     debug_dir: &Path,
-) -> Option<(u64, u64, &'static str)> {
+) -> Result<(u64, u64, &'static str), String> {
     if let Some((s, e)) = elf::function_symbol(data, "luaV_execute") {
-        return Some((s, e, "its symbol"));
+        return Ok((s, e, "its symbol"));
     }
     if let Some(debug) = binary
         .build_id
@@ -277,10 +279,10 @@ pub fn find_execute(
             .ok()
             .and_then(|d| elf::function_symbol(&d, "luaV_execute"))
         {
-            return Some((s, e, "the debug file's symbol"));
+            return Ok((s, e, "the debug file's symbol"));
         }
     }
-    elf::largest_function(binary).map(|(s, e)| (s, e, "the largest function"))
+    elf::puc_execute(data, binary, minor).map(|(s, e)| (s, e, "its opcode dispatch table"))
 }
 
 /// Proto fields only names need (read by lrec, not BPF): the constants, upvalue names and

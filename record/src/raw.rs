@@ -193,6 +193,8 @@ pub struct RawLuaConfig {
     pub tr_szmcode: u16,
     pub tr_mcode: u16,
     pub tr_traceno: u16,
+    pub cts_stack: u32,
+    pub pad: u32,
 }
 
 pub const LUA_CHUNKNAME: usize = 512;
@@ -418,7 +420,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 26 * 4 + 8 * 2);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 28 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);

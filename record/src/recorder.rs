@@ -2,7 +2,7 @@
 //! mappings, thread names and binaries' unwind/symbol sections into the capture.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, IsTerminal, Read};
+use std::io::{self, IsTerminal};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -100,6 +100,25 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     };
     let writer = CaptureWriter::new(sink, &header)?;
     let pids = target.initial_pids(!args.no_children);
+    let debug = match args.debuginfo {
+        DebugMode::Auto => DebugInfo::IfSmall(AUTO_DEBUG_LIMIT),
+        DebugMode::All => DebugInfo::All,
+        DebugMode::None => DebugInfo::None,
+    };
+    let mut rec = Recording::new(debug, writer, args.debug_dir.clone());
+    if latency_wanted(args) {
+        let specs = args.latency.clone();
+        rec.latency = Some(Tracker::new(specs, args.node_loop, args.debug_dir.clone()));
+    }
+    // A running target's mappings, and the Lua interpreters in them, are read before the
+    // sampler starts: its first samples already carry Lua frames. A spawned command has
+    // not run yet (its mappings are lrec's until it execs).
+    let attached = !target.spawned();
+    if attached {
+        for &pid in &pids {
+            rec.add_process(pid)?;
+        }
+    }
     let sampler = Sampler::attach(&SamplerConfig {
         pids: pids.clone(),
         follow_children: !args.no_children,
@@ -110,35 +129,27 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
         states: args.states.is_some(),
         latency: latency_wanted(args).then_some(args.latency_events),
+        lua: rec.lua.take_configs(),
+        puc: rec.lua.take_puc_configs(),
     });
     let mut sampler = match sampler {
         Ok(s) => s,
         Err(e) => {
             // Nothing was recorded: leave no empty capture behind.
             if args.flight.is_none() {
-                drop(writer);
+                drop(rec);
                 let _ = std::fs::remove_file(output);
             }
             return Err(e.into());
         }
     };
+    rec.lua.sampling_started();
     target.start(&args.command)?;
-    let debug = match args.debuginfo {
-        DebugMode::Auto => DebugInfo::IfSmall(AUTO_DEBUG_LIMIT),
-        DebugMode::All => DebugInfo::All,
-        DebugMode::None => DebugInfo::None,
-    };
-    // lrec's own work (writing, compressing, embedding binaries) yields to the target's
-    // on a busy machine: the threads spawned from here on inherit a lower priority. The
-    // target was forked before and keeps its own.
-    procfs::lower_priority();
-    let mut rec = Recording::new(debug, writer, args.debug_dir.clone());
-    if latency_wanted(args) {
-        let specs = args.latency.clone();
-        rec.latency = Some(Tracker::new(specs, args.node_loop, args.debug_dir.clone()));
-    }
-    for &pid in &pids {
-        rec.add_process(pid)?;
+    if !attached {
+        for &pid in &pids {
+            rec.add_process(pid)?;
+        }
+        install_lua_configs(&mut sampler, &mut rec)?;
     }
     rec.flush()?;
 
@@ -151,7 +162,15 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let mut states = args.states.map(StatesClock::new);
+    // lrec's own work (writing, compressing) yields to the target's on a busy machine,
+    // but only once the Lua VMs' layouts are told: until then, samples carry no Lua
+    // frames. (The embedding and symbol threads yield from the start.)
+    let mut lowered = false;
     let reason = loop {
+        if !lowered && !rec.lua.detecting() {
+            procfs::lower_priority();
+            lowered = true;
+        }
         // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
         // than when the ring fills: until it is known, samples carry no Lua frames.
         let mut tick = match rec.lua.detecting() {
@@ -174,12 +193,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.rename_young_threads()?;
         rec.write_embedded(false)?;
-        for (pid, cfg) in rec.lua.take_configs() {
-            sampler.set_lua_config(pid, &cfg)?;
-        }
-        for (pid, cfg) in rec.lua.take_puc_configs() {
-            sampler.set_puc_config(pid, &cfg)?;
-        }
+        install_lua_configs(&mut sampler, &mut rec)?;
         if let Some(rate) = sampler.limit_lua_waits(args.lua_waits_max_rate) {
             eprintln!(
                 "lrec: warning: Lua coroutines yield {rate:.0} times/s, above \
@@ -266,6 +280,17 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     Ok(sampler)
 }
 
+/// Hands the BPF walkers the Lua VM configurations that became known.
+fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
+    for (pid, cfg) in rec.lua.take_configs() {
+        sampler.set_lua_config(pid, &cfg)?;
+    }
+    for (pid, cfg) in rec.lua.take_puc_configs() {
+        sampler.set_puc_config(pid, &cfg)?;
+    }
+    Ok(())
+}
+
 fn latency_wanted(args: &Args) -> bool {
     !args.latency.is_empty() || args.node_loop
 }
@@ -293,7 +318,9 @@ struct Recording {
     kernel_addrs: HashSet<u64>,
     /// Lua interpreters found in embedded binaries, by binary key, with the binary's
     /// segments (to place them in each mapping).
-    vms: HashMap<Vec<u8>, (VmCode, Vec<lrec_format::Segment>)>,
+    /// A binary whose Lua version string shows a VM that could not be located holds the
+    /// reason instead.
+    vms: HashMap<Vec<u8>, BinaryVm>,
     /// Where separate debug files are (`--debug-dir`).
     debug_dir: std::path::PathBuf,
     /// Binaries already looked at for an interpreter, by key.
@@ -313,6 +340,13 @@ struct Recording {
     lost: u64,
     /// `--latency`, `--node-loop`.
     latency: Option<Tracker>,
+}
+
+/// The Lua interpreter of a binary, or why the one it holds could not be located, and the
+/// binary's segments (to place it in each mapping).
+struct BinaryVm {
+    vm: Result<VmCode, String>,
+    segments: Vec<lrec_format::Segment>,
 }
 
 impl Recording {
@@ -516,53 +550,65 @@ impl Recording {
         Ok(())
     }
 
-    /// Looks for a LuaJIT interpreter in a newly mapped binary at once, rather than when
-    /// the embedder is done with it: samples taken until then get no Lua frames. Files too
-    /// big to read here are left to the embedder ([`Recording::note_vm`]).
+    /// Looks for a Lua interpreter in a newly mapped binary at once, rather than when the
+    /// embedder is done with it: samples taken until then get no Lua frames. The file is
+    /// mapped, not read: only the pages the search touches are loaded.
     fn find_vm(&mut self, pid: u32, entry: &MapsEntry, key: &[u8]) {
-        const MAX_FILE: u64 = 64 << 20;
         if entry.file_path().is_none() || self.vm_checked.contains(key) {
             return;
         }
-        let Ok(mut file) = procfs::open_mapped_file(pid, entry) else {
+        let Ok(file) = procfs::open_mapped_file(pid, entry) else {
             return;
         };
-        if file.metadata().map_or(true, |m| m.len() > MAX_FILE) {
+        // SAFETY: the mapping is only read; a file truncated under it would fault, which
+        // mapped binaries (in use by the target) are not.
+        let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
             return;
-        }
-        let mut data = Vec::new();
-        if file.read_to_end(&mut data).is_ok() {
-            let binary = elf::binary_record(&entry.path, &data, DebugInfo::None);
-            self.note_vm(key, &binary, Some(&data));
-        }
+        };
+        let binary = elf::unwind_record(&entry.path, &data);
+        self.note_vm(key, &binary, Some(&data));
     }
 
-    /// Looks for an interpreter in a binary, once per binary: LuaJIT's by its unwind
-    /// info, PUC Lua's by its version string (in the file's bytes, when at hand).
+    /// Looks for an interpreter in a binary, once per binary: LuaJIT's by its VM's unwind
+    /// entry, PUC Lua's by its version string and then its luaV_execute (in the file's
+    /// bytes, when at hand). A binary with a PUC Lua release whose interpreter loop
+    /// cannot be located is noted too, to say so.
     fn note_vm(&mut self, key: &[u8], binary: &Binary, data: Option<&[u8]>) {
         if !self.vm_checked.insert(key.to_vec()) {
             return;
         }
-        let luajit = elf::luajit_vm(binary).map(|vm| VmCode {
-            start: vm.start,
-            end: vm.end,
-            cframe_size: vm.cframe_size,
-            ..VmCode::default()
+        let luajit = elf::luajit_vm(binary).map(|vm| {
+            Ok(VmCode {
+                start: vm.start,
+                end: vm.end,
+                cframe_size: vm.cframe_size,
+                ..VmCode::default()
+            })
         });
         let puc = || {
             let data = data?;
-            let release = elf::lua_release(data)?;
-            let (start, end, found_by) = crate::puc::find_execute(data, binary, &self.debug_dir)?;
-            Some(VmCode {
-                start,
-                end,
-                cframe_size: 0,
-                release: Some(release),
-                found_by,
-            })
+            let (minor, patch) = elf::lua_release(data)?;
+            Some(
+                crate::puc::find_execute(data, binary, minor, &self.debug_dir)
+                    .map(|(start, end, found_by)| VmCode {
+                        start,
+                        end,
+                        cframe_size: 0,
+                        release: Some((minor, patch)),
+                        found_by,
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "found Lua 5.{minor}.{patch} in {}, but not its interpreter loop \
+                             (luaV_execute): {e}; recording native stacks only",
+                            binary.path
+                        )
+                    }),
+            )
         };
         if let Some(vm) = luajit.or_else(puc) {
-            self.vms.insert(key.to_vec(), (vm, binary.segments.clone()));
+            let segments = binary.segments.clone();
+            self.vms.insert(key.to_vec(), BinaryVm { vm, segments });
             self.place_vms();
         }
     }
@@ -574,8 +620,15 @@ impl Recording {
             .iter()
             .flat_map(|(&pid, p)| p.exec_entries.iter().map(move |e| (pid, e)));
         for (pid, (entry, key)) in entries {
-            let Some((vm, segments)) = self.vms.get(key) else {
+            let Some(BinaryVm { vm, segments }) = self.vms.get(key) else {
                 continue;
+            };
+            let vm = match vm {
+                Ok(vm) => vm,
+                Err(why) => {
+                    self.lua.add_unlocated(pid, &entry.path, why);
+                    continue;
+                }
             };
             let avma = |svma: u64| -> Option<u64> {
                 let seg = segments

@@ -40,6 +40,10 @@ pub struct SamplerConfig {
     /// Time calls (`--latency`, `--node-loop`); `Some(true)`: also write each call
     /// (`--latency-events`).
     pub latency: Option<bool>,
+    /// Lua walkers' configurations known before sampling starts (an attached target's
+    /// interpreters), installed before the first sample.
+    pub lua: Vec<(u32, RawLuaConfig)>,
+    pub puc: Vec<(u32, RawPucConfig)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +232,35 @@ impl Sampler {
             tp.load(event, &btf).map_err(SamplerError::Program)?;
             tp.attach().map_err(SamplerError::Program)?;
         }
+        // Freeing the parsed BTF takes ~80 ms: not on the way to the first sample, nor
+        // while sampling without the Lua walkers' configurations.
+        std::thread::spawn(move || drop(btf));
+        // Maps taken before sampling starts: mapping the rings takes a while (~0.1 s).
+        let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
+        let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
+        let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
+        let mut lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
+        let mut puc_config = take(&mut ebpf, "puc_config", BpfHashMap::try_from)?;
+        for (pid, c) in &cfg.lua {
+            insert_config(&mut lua_config, "lua_config", *pid, c)?;
+        }
+        for (pid, c) in &cfg.puc {
+            insert_config(&mut puc_config, "puc_config", *pid, c)?;
+        }
+        // A static program has no loader and nothing to watch. Its uprobe takes ~0.1 s
+        // to add: before sampling starts, so that no sample waits for it.
+        let loader = match LoaderWatch::attach(&mut bpf, &cfg.loaders) {
+            Ok(w) => Some(w),
+            Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
+            Err(e) => {
+                eprintln!(
+                    "lrec: warning: cannot watch the dynamic loader ({e}); libraries loaded \
+                     less than 0.1 s before the target exits may be missing"
+                );
+                None
+            }
+        };
+        drop(bpf);
         let prog: &mut PerfEvent = ebpf
             .program_mut("sample")
             .expect("sample program is in the object")
@@ -245,23 +278,6 @@ impl Sampler {
             )
             .map_err(|source| SamplerError::Attach { cpu, source })?;
         }
-        let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
-        let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
-        let lua_config = take(&mut ebpf, "lua_config", BpfHashMap::try_from)?;
-        let puc_config = take(&mut ebpf, "puc_config", BpfHashMap::try_from)?;
-        let lua_protos = take(&mut ebpf, "lua_protos", RingBuf::try_from)?;
-        // A static program has no loader and nothing to watch.
-        let loader = match LoaderWatch::attach(&mut bpf, &cfg.loaders) {
-            Ok(w) => Some(w),
-            Err(SamplerError::NoLoader) if cfg.loaders.is_empty() => None,
-            Err(e) => {
-                eprintln!(
-                    "lrec: warning: cannot watch the dynamic loader ({e}); libraries loaded \
-                     less than 0.1 s before the target exits may be missing"
-                );
-                None
-            }
-        };
         Ok(Sampler {
             ebpf,
             ring,
@@ -280,12 +296,7 @@ impl Sampler {
 
     /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
     pub fn set_lua_config(&mut self, pid: u32, cfg: &RawLuaConfig) -> Result<(), SamplerError> {
-        self.lua_config
-            .insert(pid, cfg, 0)
-            .map_err(|source| SamplerError::Map {
-                name: "lua_config",
-                source,
-            })
+        insert_config(&mut self.lua_config, "lua_config", pid, cfg)
     }
 
     /// Times the waits of Lua coroutines that yield to C in the LuaJIT VM of binary
@@ -374,12 +385,7 @@ impl Sampler {
 
     /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.
     pub fn set_puc_config(&mut self, pid: u32, cfg: &RawPucConfig) -> Result<(), SamplerError> {
-        self.puc_config
-            .insert(pid, cfg, 0)
-            .map_err(|source| SamplerError::Map {
-                name: "puc_config",
-                source,
-            })
+        insert_config(&mut self.puc_config, "puc_config", pid, cfg)
     }
 
     /// Waits up to `timeout` for samples, news from the loader, or `also` (the target's
@@ -510,4 +516,15 @@ fn take<M>(
 ) -> Result<M, SamplerError> {
     let map = ebpf.take_map(name).ok_or(SamplerError::MissingMap(name))?;
     conv(map).map_err(|source| SamplerError::Map { name, source })
+}
+
+/// Installs a process's Lua walker configuration in BPF map `name`.
+fn insert_config<V: aya::Pod>(
+    map: &mut BpfHashMap<MapData, u32, V>,
+    name: &'static str,
+    pid: u32,
+    cfg: &V,
+) -> Result<(), SamplerError> {
+    map.insert(pid, cfg, 0)
+        .map_err(|source| SamplerError::Map { name, source })
 }

@@ -74,6 +74,11 @@ impl Target {
 
     /// The processes to record from the start: the targets and, when following
     /// children, their descendants alive now.
+    /// Whether lrec started the target (`-- CMD`), rather than attaching to it.
+    pub fn spawned(&self) -> bool {
+        self.spawned
+    }
+
     pub fn initial_pids(&self, children: bool) -> Vec<u32> {
         let mut pids = vec![self.pid];
         pids.extend(&self.others);

@@ -273,7 +273,10 @@ pub(super) struct Kallsyms {
 impl Kallsyms {
     pub(super) fn load() -> Kallsyms {
         Kallsyms {
-            loading: Some(std::thread::spawn(KallsymsTable::load)),
+            loading: Some(std::thread::spawn(|| {
+                crate::procfs::lower_priority();
+                KallsymsTable::load()
+            })),
             table: None,
         }
     }
