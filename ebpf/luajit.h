@@ -17,6 +17,7 @@
 #define LJ_FRAME_VARG 3
 #define LJ_FRAME_CP 5
 #define LJ_FRAME_PCALL 6
+#define LJ_CONT_FFI_CALLBACK 1 /* lj_frame.h: the continuation of an FFI callback's frame */
 #define LJ_GCT_FUNC 8 /* ~LJ_TFUNC, in GCHeader.gct */
 /* Most snapshot map entries copied (nent ≤ 255, then the PC and GC32's frame links), and
  * most frames inlined into a trace that are reconstructed. */
@@ -96,6 +97,8 @@ struct lua_work {
 	 * return address into [code, code_end); trace_side the side traces for one whose
 	 * code holds ip, starting at side. found: the address or the side trace's mcode. */
 	__u64 code, code_end, ip, found, traces;
+	__u32 cb_seen;      /* lua_callback_pending: 1 the callback's frame, 2 a C entry first */
+	__u32 pad4;
 	__u32 side;
 	__u32 pad3;
 	__u64 tr_ir, tr_snap;
@@ -545,9 +548,17 @@ static long lua_step(__u64 i, void *unused)
 	if (type != LJ_FRAME_LUA && !delta)
 		return 1;
 	__u64 cont = 0;
-	if (typep == LJ_FRAME_CONT)
-		/* A metamethod called by the VM: the caller's PC is kept in the frame. */
-		cont = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
+	int c_entry = typep == LJ_FRAME_C || typep == LJ_FRAME_CP;
+	if (typep == LJ_FRAME_CONT) {
+		/* An FFI callback's frame (lj_ccallback.c: continuation LJ_CONT_FFI_CALLBACK)
+		 * was entered from C through its own C frame, as lua_call's; else a metamethod
+		 * called by the VM, which keeps the caller's PC in the frame. */
+		__u64 contv = c->gc64 ? rd64(w->frame - 24) : rd32(w->frame - 8);
+		if (contv == LJ_CONT_FFI_CALLBACK)
+			c_entry = 1;
+		else
+			cont = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
+	}
 	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
 		/* The call's A operand sizes the caller's frame (the same call site again in a
@@ -559,9 +570,9 @@ static long lua_step(__u64 i, void *unused)
 		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
 		return 0;
 	}
-	if (typep == LJ_FRAME_C || typep == LJ_FRAME_CP) {
-		/* Called from C through lua_call/lua_pcall/lua_resume: the frames below run in
-		 * the previous C frame of the VM. */
+	if (c_entry) {
+		/* Called from C through lua_call/lua_pcall/lua_resume or an FFI callback: the
+		 * frames below run in the previous C frame of the VM. */
 		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
 		if (prev) {
 			w->cf = prev;
@@ -571,6 +582,71 @@ static long lua_step(__u64 i, void *unused)
 	}
 	w->frame -= delta;
 	return 0;
+}
+
+/* Frames looked at from the top for an FFI callback's own frame. */
+#define LREC_CB_FRAMES 8
+
+/* One frame of the look for an FFI callback's frame (lua_callback_pending): 1 stops. */
+static long lua_cb_step(__u64 i, void *unused)
+{
+	struct lua_work *w = lua_work();
+	if (!w || w->frame <= w->bot)
+		return 1;
+	__u64 func, link;
+	if (w->cfg.gc64) {
+		__u64 slots[2] = {};
+		bpf_probe_read_user(slots, sizeof(slots), (void *)(w->frame - 8));
+		func = slots[0] & LJ_GCVMASK;
+		link = slots[1];
+	} else {
+		__u64 slot = rd64(w->frame);
+		func = (__u32)slot;
+		link = (__u64)(__s64)(__s32)(slot >> 32);
+	}
+	__u64 typep = link & 7, delta = link & ~7ULL;
+	if (typep == LJ_FRAME_CONT && func != w->l) {
+		__u64 contv = w->cfg.gc64 ? rd64(w->frame - 24) : rd32(w->frame - 8);
+		if (contv == LJ_CONT_FFI_CALLBACK) {
+			w->cb_seen = 1; /* the callback's frame: it runs */
+			return 1;
+		}
+	}
+	if (typep == LJ_FRAME_C || typep == LJ_FRAME_CP) {
+		w->cb_seen = 2; /* its caller's C entry first: it does not */
+		return 1;
+	}
+	if ((link & 3) == LJ_FRAME_LUA) {
+		__u64 pc = w->cfg.gc64 ? link : (__u32)link;
+		w->frame -= 8 * (1 + (w->cfg.gc64 ? 1 : 0) + ((rd32(pc - 4) >> 8) & 0xff));
+		return 0;
+	}
+	if (!delta)
+		return 1;
+	w->frame -= delta;
+	return 0;
+}
+
+/* Whether C frame cf is an FFI callback's (lj_vm_ffi_callback stored cf + CFRAME_SIZE in
+ * CTState.cb.stack, one of the two words at cfg.cts_stack) whose
+ * Lua frame is not on the stack walked from w->frame: entered and not set up yet, or
+ * returned and not left yet. Leaves the walk's position as it was. */
+static __always_inline int lua_callback_pending(struct lua_work *w, __u64 cf)
+{
+	/* G->ctype_state, right after jit_base: the FFI is loaded. */
+	__u64 cts = rdref(w, w->g + w->cfg.g_jit_base + lj_refsize(w));
+	if (!cts || !w->cfg.cts_stack)
+		return 0;
+	__u64 stack[2] = {};
+	bpf_probe_read_user(stack, sizeof(stack), (void *)(cts + w->cfg.cts_stack));
+	__u64 mark = cf + w->cfg.cf_size;
+	if (stack[0] != mark && stack[1] != mark)
+		return 0;
+	__u64 frame = w->frame;
+	w->cb_seen = 0;
+	bpf_loop(LREC_CB_FRAMES, lua_cb_step, NULL, 0);
+	w->frame = frame;
+	return w->cb_seen == 2;
 }
 
 #include "luajit_trace.h"
@@ -644,6 +720,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	if (!lua_find(w, r, tid))
 		return 0;
 	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);
+	__u64 cf0 = w->cf;
 	w->cf_last = w->cf;
 
 	/* The live base: jit_base in a trace, BASE (rdx) and PC (rbx) in the interpreter,
@@ -668,8 +745,18 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 		pc = cframe_pc(w, w->cf);
 		trace = 0;
 	}
-	__u64 l0 = w->l, cf0 = w->cf;
+	__u64 l0 = w->l;
 	lua_start(w, w->l, stack, base, pc);
+	if (lua_callback_pending(w, cf0)) {
+		/* The innermost C frame is an FFI callback's whose Lua frame is not (or no
+		 * longer) on the stack: the frames there are its caller's, which run in the
+		 * previous C frame. */
+		__u64 prev = rd64(cf0 + w->cfg.cf_prev) & ~3ULL;
+		if (prev) {
+			w->cf = prev;
+			w->cf_last = prev;
+		}
+	}
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	w->jit_start = trace;
 	if (trace)

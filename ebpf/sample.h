@@ -144,6 +144,10 @@ struct lrec_lua_config {
 	__u16 tr_szmcode;
 	__u16 tr_mcode;
 	__u16 tr_traceno;
+	/* CTState to two words, one of them CCallback.stack (lj_ctype.h): where an FFI
+	 * callback's C frame is marked (its CTState differs by fork and release) */
+	__u32 cts_stack;
+	__u32 pad;
 };
 
 /* Most chunk-name bytes and line-table bytes copied with a proto. */
