@@ -79,6 +79,11 @@ pub(crate) struct UnwoundSample {
     pub(crate) jit_mapped: Option<bool>,
     /// A CPU sample, time off CPU or a thread's state.
     pub(crate) kind: SampleKind,
+    /// The sample's Lua frames had no interpreter frame to replace in a complete native
+    /// stack, and were left out.
+    pub(crate) lua_unplaced: bool,
+    /// The Lua VM (its global state's address) the sample ran in, 0 for none.
+    pub(crate) lua_vm: u64,
 }
 
 impl UnwoundSample {
@@ -105,6 +110,8 @@ impl UnwoundSample {
             vm_state: None,
             jit_mapped: None,
             kind,
+            lua_unplaced: false,
+            lua_vm: 0,
         }
     }
 }
@@ -407,6 +414,7 @@ fn unwind_sample(
     );
     out.kernel_mode |= kernel_mode;
     out.vm_state = lua.map(|(l, _)| l.vmstate);
+    out.lua_vm = lua.map_or(0, |(l, _)| l.vm);
     out.jit_mapped = lua.and_then(|(l, _)| {
         if l.flags & lua_flags::JIT_MAPPED != 0 {
             Some(true)
@@ -451,15 +459,47 @@ fn unwind_sample(
             match lua {
                 Some((l, meta, rt)) => {
                     let mut merged = Vec::new();
-                    match hint {
+                    let placed = match hint {
                         Some(hint) => {
                             let state = luajit::state_frame(l.vmstate);
-                            lua::merge(stack.frames, l, &hint, state, &mut merged);
+                            let r = lua::merge(stack.frames, l, &hint, state, &mut merged);
+                            if std::env::var("LDEBUG").is_ok()
+                                && stack.frames.len() > 8
+                                && matches!(merged.first(), Some(Merged::Lua(_)))
+                                && l.frames.iter().all(|f| f.function != 0)
+                            {
+                                eprintln!(
+                                    "DBG ip={:x} sp={:x} cf={:x} vmstate={} lua={:x?}",
+                                    s.regs.ip,
+                                    s.regs.sp,
+                                    l.cframe,
+                                    l.vmstate,
+                                    l.frames.iter().map(|f| f.cframe).collect::<Vec<_>>()
+                                );
+                                for f in stack.frames.iter() {
+                                    eprintln!(
+                                        "   {:x} sp={:x} vm={} work={}",
+                                        f.avma,
+                                        f.sp,
+                                        hint.in_vm(f.lookup_avma()),
+                                        f.vm_work
+                                    );
+                                }
+                                eprintln!("   merged {:?}", merged);
+                            }
+                            r
                         }
                         None => {
                             let execute = (rt.vm_start, rt.vm_end);
-                            lua::puc::merge(stack.frames, l, execute, &mut merged);
+                            lua::puc::merge(stack.frames, l, execute, &mut merged)
                         }
+                    };
+                    if !placed && stack.end == StackEnd::Complete {
+                        // The native stack is whole and holds no interpreter frame for
+                        // some Lua frames: they cannot be placed, and are not guessed.
+                        out.lua_unplaced = true;
+                        merged.clear();
+                        merged.extend((0..stack.frames.len()).map(Merged::Native));
                     }
                     out.user = merged
                         .iter()

@@ -91,12 +91,20 @@ pub(crate) fn assemble(
         .collect();
     let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
 
-    let stats = sample_stats(&samples, meta.lost);
+    let mut stats = sample_stats(&samples, meta.lost);
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut lua_unplaced: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut lua_states: BTreeSet<(u32, u64)> = BTreeSet::new();
     for s in unwound.into_iter().flat_map(|c| c.samples) {
+        if s.lua_vm != 0 {
+            lua_states.insert((s.pid, s.lua_vm));
+        }
         if s.no_mappings {
             *no_mappings.entry(s.pid).or_default() += 1;
+        }
+        if s.lua_unplaced {
+            *lua_unplaced.entry(s.pid).or_default() += 1;
         }
         for w in s.without_unwind_info {
             *no_unwind_info.entry(w).or_default() += 1;
@@ -107,6 +115,19 @@ pub(crate) fn assemble(
         warnings.add_n(
             format!(
                 "pid {pid}: the capture holds no memory mappings; its user stacks are [unknown]"
+            ),
+            n,
+        );
+    }
+    for (pid, _) in lua_states {
+        *stats.lua_states.entry(pid).or_default() += 1;
+    }
+    for (pid, n) in lua_unplaced {
+        warnings.add_n(
+            format!(
+                "pid {pid}: Lua frames without a native interpreter frame to stand in for \
+                 (the interpreter is not where lrec found it): those samples show native \
+                 frames only"
             ),
             n,
         );

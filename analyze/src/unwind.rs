@@ -150,8 +150,10 @@ pub fn unwind_user<'c>(
                 !covered && executable.is_none_or(|i| space.region_at(i).image.is_none());
             // Below the innermost C frame: a helper the VM called, or one of a trace.
             let off_cframe = in_vm && frame_sp < vm.innermost;
+            // Compiled code is always Lua frames' work, also above the innermost C frame
+            // (a trace that called C code which called back into Lua).
             if let Some(f) = frames.last_mut() {
-                f.vm_work = (in_vm || jit_code) && frame_sp < vm.innermost;
+                f.vm_work = jit_code || (in_vm && frame_sp < vm.innermost);
             }
             if jit_code || off_cframe {
                 if let Some(cf) = vm.cframe_above(frame_sp) {

@@ -58,20 +58,23 @@ pub fn cframes(stack: &LuaStack, out: &mut Vec<u64>) {
 ///   are kept, outermost last.
 /// - A suspended coroutine's frames ([`lua_flags::SUSPENDED`]: a Lua wait, taken as its
 ///   resumer entered lua_resume) replace that lua_resume frame, at the native leaf.
+///
+/// Returns whether every Lua frame replaced a VM frame: when not, and the native stack is
+/// complete, the Lua frames have no place in it (the caller must not show them there).
 pub fn merge(
     native: &[CodeAddress],
     stack: &LuaStack,
     vm: &VmHint,
     state: Option<&'static str>,
     out: &mut Vec<Merged>,
-) {
+) -> bool {
     out.clear();
     if stack.flags & lua_flags::SUSPENDED != 0 {
         // The native leaf is lua_resume itself (the probe is at its entry), replaced by
         // the frames it resumes, as a running coroutine's are.
         out.extend((0..stack.frames.len()).map(Merged::Lua));
         out.extend((1..native.len()).map(Merged::Native));
-        return;
+        return true;
     }
     // Segments of Lua frames run by one VM frame, innermost first, as index ranges.
     let mut segments: Vec<Range<usize>> = Vec::new();
@@ -117,6 +120,7 @@ pub fn merge(
             out.extend(seg.clone().map(Merged::Lua));
         }
     }
+    placed.iter().all(|&p| p)
 }
 
 #[cfg(test)]

@@ -39,7 +39,16 @@ enum Item {
 
 /// Merges the native frames (leaf first) with the Lua frames of a PUC Lua sample into
 /// `out` (leaf first). `execute` is `luaV_execute`'s code (AVMA).
-pub fn merge(native: &[CodeAddress], stack: &LuaStack, execute: (u64, u64), out: &mut Vec<Merged>) {
+///
+/// Returns whether every coroutine that runs Lua functions had a `luaV_execute` frame for
+/// them: when not, and the native stack is complete, the Lua frames have no place in it
+/// (`execute` is not where the interpreter runs; the caller must not show them there).
+pub fn merge(
+    native: &[CodeAddress],
+    stack: &LuaStack,
+    execute: (u64, u64),
+    out: &mut Vec<Merged>,
+) -> bool {
     out.clear();
     let is_execute = |a: &CodeAddress| {
         let pc = a.lookup_avma();
@@ -131,6 +140,14 @@ pub fn merge(native: &[CodeAddress], stack: &LuaStack, execute: (u64, u64), out:
     for t in 0..threads.len() {
         push_rest(out, t, &mut next_item);
     }
+    // Each thread running Lua functions ran them in at least one luaV_execute frame.
+    threads.iter().enumerate().all(|(t, (_, items))| {
+        !items.iter().any(|it| matches!(it, Item::Run(_)))
+            || native
+                .iter()
+                .zip(&owner)
+                .any(|(f, &o)| o == t && is_execute(f))
+    })
 }
 
 #[cfg(test)]

@@ -84,7 +84,17 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
                 Some(_) => "layout not identified: native stacks only".to_string(),
                 None => format!("layout {}", v.layout),
             };
-            writeln!(out, "  pid {:<8} {} in {} ({layout})", v.pid, v.vm, v.path)?;
+            let states = match profile.stats.lua_states.get(&v.pid) {
+                Some(&n) if v.error.is_none() => {
+                    format!(", {n} VM{} running", if n == 1 { "" } else { "s" })
+                }
+                _ => String::new(),
+            };
+            writeln!(
+                out,
+                "  pid {:<8} {} in {} ({layout}{states})",
+                v.pid, v.vm, v.path
+            )?;
         }
     }
     writeln!(out)?;
