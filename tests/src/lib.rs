@@ -114,6 +114,106 @@ pub fn score_lua(stacks: &[(Vec<String>, u64)], chunk: &str, truths: &[Vec<u32>]
     s
 }
 
+/// Whether folded frame `frame` is a Lua function of `chunk` (`[NAME ]CHUNK:LINE[@LINE]`).
+pub fn is_lua_frame(frame: &str, chunk: &str) -> bool {
+    let name = frame.rsplit(' ').next().unwrap_or(frame);
+    name.split_once(':').is_some_and(|(file, line)| {
+        file.ends_with(chunk)
+            && line
+                .split('@')
+                .next()
+                .is_some_and(|l| l.parse::<u32>().is_ok())
+    })
+}
+
+/// Frames that only a thread's or process's root can be: never above a Lua frame.
+const THREAD_ROOTS: &[&str] = &[
+    "_start",
+    "clone",
+    "clone3",
+    "__GI___clone3",
+    "start_thread",
+    "main",
+];
+
+/// Where the Lua frames of `chunk` stand among a sample's native frames.
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// Samples with at least one Lua frame of the chunk.
+    pub with_lua: u64,
+    /// Of those, the ones whose Lua frames are printed outside the interpreter's native
+    /// frames, and some of them.
+    pub misplaced: u64,
+    pub examples: Vec<String>,
+}
+
+/// Checks that no Lua frame of `chunk` is printed outside the interpreter's native frames:
+/// each stack (thread name first) begins with native frames, none of the thread's root
+/// frames (`_start`, `clone3`, `main`…) comes after a Lua frame, and, when `entries` are
+/// given, one of them (the host's native call into Lua: `lua_pcall`, `lua_resume`…)
+/// comes before the first one.
+pub fn lua_placement(stacks: &[(Vec<String>, u64)], chunk: &str, entries: &[&str]) -> Placement {
+    let mut p = Placement::default();
+    for (frames, n) in stacks {
+        let Some(first) = frames.iter().position(|f| is_lua_frame(f, chunk)) else {
+            continue;
+        };
+        p.with_lua += n;
+        let root_after = frames[first..]
+            .iter()
+            .any(|f| THREAD_ROOTS.contains(&f.as_str()));
+        let entered = entries.is_empty()
+            || frames[..first]
+                .iter()
+                .any(|f| entries.contains(&f.as_str()));
+        if first < 2 || root_after || !entered {
+            p.misplaced += n;
+            if p.examples.len() < 5 {
+                p.examples.push(frames.join(";"));
+            }
+        }
+    }
+    p
+}
+
+/// Samples whose leaf is in JIT-compiled code (`[unknown]`: anonymous memory) without any
+/// Lua frame of `chunk`, and all samples.
+pub fn traces_without_lua(stacks: &[(Vec<String>, u64)], chunk: &str) -> (u64, u64) {
+    let mut bare = 0;
+    let mut all = 0;
+    for (frames, n) in stacks {
+        all += n;
+        let user_leaf = frames.iter().rev().find(|f| !f.ends_with("_[k]"));
+        if user_leaf.is_some_and(|f| f == "[unknown]")
+            && !frames.iter().any(|f| is_lua_frame(f, chunk))
+        {
+            bare += n;
+        }
+    }
+    (bare, all)
+}
+
+/// Asserts [`lua_placement`] finds nothing misplaced, and (LuaJIT) that at most 0.5 % of
+/// the samples are in compiled code without a Lua frame.
+pub fn lua_is_placed(what: &str, stacks: &[(Vec<String>, u64)], chunk: &str, entries: &[&str]) {
+    let p = lua_placement(stacks, chunk, entries);
+    eprintln!(
+        "{what}: {} samples with Lua frames, {} misplaced",
+        p.with_lua, p.misplaced
+    );
+    assert_eq!(
+        p.misplaced, 0,
+        "{what}: Lua frames outside the interpreter's: {:#?}",
+        p.examples
+    );
+    let (bare, all) = traces_without_lua(stacks, chunk);
+    eprintln!("{what}: {bare} of {all} samples in compiled code without a Lua frame");
+    assert!(
+        bare as f64 <= 0.005 * all as f64,
+        "{what}: {bare} of {all} samples in compiled code without a Lua frame"
+    );
+}
+
 /// Under CI (`CI=true`) a test that cannot run fails instead of skipping.
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -443,6 +543,7 @@ pub fn lua_is_exact(
     let (dir, cap) = record_lua(what, interpreter, flags, file, 10, 8, lrec_args);
 
     let (stacks, _) = folded(&cap, &["--offline"]);
+    lua_is_placed(what, &stacks, file, &[]);
     let total = score_lua(&stacks, file, truths);
     eprintln!(
         "{what}: {}/{} samples in hot functions exact ({:.2} %), per chain {:?}",
@@ -494,6 +595,7 @@ pub fn several_vms_are_told_apart(what: &str, host: PathBuf) {
     target.wait().unwrap();
 
     let (stacks, _) = folded(&cap, &["--offline"]);
+    lua_is_placed(what, &stacks, "host/worker.lua", &[]);
     let truths: Vec<Vec<u32>> = (0..3).map(|k| vec![10, 4 + k, 1 + k]).collect();
     let mut judged = 0;
     let mut exact = 0;
@@ -576,6 +678,30 @@ pub fn unknown_vm_is_said_once(what: &str, interpreter: &Path, says: &[&str]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lua_frames_before_the_root_or_the_entry_are_misplaced() {
+        // The redis stack: Lua frames printed before _start.
+        let bad = "redis-server;user_script:9;mid user_script:6;hot user_script:1;_start;main;evalGenericCommand;luaCallFunction;lua_pcall;redis-check-rdb+0x158420 3";
+        let good = "redis-server;_start;main;evalGenericCommand;luaCallFunction;lua_pcall;redis-check-rdb+0x158420;user_script:0;mid user_script:6;hot user_script:1 5";
+        let stacks = parse_folded(&format!("{bad}\n{good}"));
+        let p = lua_placement(&stacks, "user_script", &["lua_pcall"]);
+        assert_eq!((p.with_lua, p.misplaced), (8, 3));
+        // Without the entry on the stack, even well-formed frames are misplaced.
+        let p = lua_placement(&parse_folded(good), "user_script", &["lua_resume"]);
+        assert_eq!(p.misplaced, 5);
+        assert!(is_lua_frame("hot /tmp/x/svc.lua:1@3", "svc.lua"));
+        assert!(!is_lua_frame("luaV_execute", "svc.lua"));
+        assert!(!is_lua_frame("libsvc.lua.so+0x10", "svc.lua"));
+    }
+
+    #[test]
+    fn samples_in_traces_without_lua_frames_are_counted() {
+        let s = parse_folded(
+            "vm-0;[truncated];[unknown] 2\nvm-0;[truncated];[unknown];irq_[k] 1\nvm-0;clone3;host/worker.lua:10;[unknown] 7",
+        );
+        assert_eq!(traces_without_lua(&s, "host/worker.lua"), (3, 10));
+    }
 
     #[test]
     fn truth_accepts_callbacks_under_libc() {
