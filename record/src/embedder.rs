@@ -3,7 +3,6 @@
 //! loop would otherwise miss the moment a short-lived target maps its libraries.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
@@ -86,8 +85,8 @@ impl Embedder {
 
 fn embed(job: Job) -> Binary {
     let data = match job.memory {
-        Some(m) => m,
-        None => read_mapped_file(job.pid, &job.entry),
+        Some(m) => m.map(Bytes::Copied),
+        None => map_mapped_file(job.pid, &job.entry).map(Bytes::Mapped),
     };
     let data = data.and_then(|d| match (&job.build_id, elf::build_id(&d)) {
         (Some(want), Some(got)) if *want != got => Err(std::io::Error::other(
@@ -110,6 +109,24 @@ fn embed(job: Job) -> Binary {
     }
 }
 
+/// A binary's bytes: copied from the process (the vDSO) or a file mapped read-only, so
+/// that only the pages of the sections embedded are read (lrec's memory does not grow
+/// with the size of the target's libraries).
+enum Bytes {
+    Copied(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Copied(v) => v,
+            Bytes::Mapped(m) => m,
+        }
+    }
+}
+
 /// A stripped binary gets the symbol table of its separate debug file (Debian's `-dbg`
 /// packages, found by build-id), so that its static functions are named offline too.
 fn add_debug_symbols(binary: &mut Binary, debug_dir: &Path) {
@@ -119,7 +136,8 @@ fn add_debug_symbols(binary: &mut Binary, debug_dir: &Path) {
     let Some(id) = binary.build_id.as_deref() else {
         return;
     };
-    let Some(data) = debug_file(debug_dir, id).and_then(|p| std::fs::read(p).ok()) else {
+    let file = debug_file(debug_dir, id).and_then(|p| File::open(p).ok());
+    let Some(data) = file.and_then(|f| procfs::map_file(&f).ok()) else {
         return;
     };
     if elf::build_id(&data).as_deref() != Some(id) {
@@ -148,15 +166,13 @@ pub fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
-/// A mapped file's bytes: through /proc while the process lives, else from its path
-/// (the caller checks the build-id).
-fn read_mapped_file(pid: u32, entry: &MapsEntry) -> std::io::Result<Vec<u8>> {
-    let mut f = match (procfs::open_mapped_file(pid, entry), entry.file_path()) {
+/// A mapped file, mapped here read-only: through /proc while the process lives, else
+/// from its path (the caller checks the build-id).
+fn map_mapped_file(pid: u32, entry: &MapsEntry) -> std::io::Result<memmap2::Mmap> {
+    let f = match (procfs::open_mapped_file(pid, entry), entry.file_path()) {
         (Ok(f), _) => f,
         (Err(_), Some(path)) if !entry.is_deleted() => File::open(path)?,
         (Err(e), _) => return Err(e),
     };
-    let mut v = Vec::new();
-    f.read_to_end(&mut v)?;
-    Ok(v)
+    procfs::map_file(&f)
 }

@@ -202,9 +202,6 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Executable, command line, parent and namespaces of process `pid`.
-///
-/// `exe` is empty for kernel threads and for processes whose executable cannot be resolved.
 /// Lowers the calling thread's scheduling priority (nice +10); threads it spawns inherit it.
 pub fn lower_priority() {
     // SAFETY: setpriority on the calling thread (who = 0) has no memory effects; a failure
@@ -212,6 +209,14 @@ pub fn lower_priority() {
     unsafe {
         libc::setpriority(libc::PRIO_PROCESS, 0, 10);
     }
+}
+
+/// A file mapped read-only: only the pages read are loaded, so reading the few sections of
+/// a big library costs neither its size in memory nor the time to read it all.
+pub fn map_file(file: &File) -> io::Result<memmap2::Mmap> {
+    // SAFETY: the mapping is only read. A file truncated under it (a binary the target
+    // runs is not) would fault, as it would in the target.
+    unsafe { memmap2::Mmap::map(file) }
 }
 
 /// The processes descending from `roots`, from the parent links in /proc/*/stat.
@@ -241,6 +246,9 @@ pub fn descendants(roots: &[u32]) -> Vec<u32> {
     found
 }
 
+/// Executable, command line, parent and namespaces of process `pid`.
+///
+/// `exe` is empty for kernel threads and for processes whose executable cannot be resolved.
 pub fn read_process(pid: u32) -> Result<Process, ProcError> {
     let dir = PathBuf::from(format!("/proc/{pid}"));
 

@@ -275,7 +275,8 @@ pub fn find_execute(
         .as_deref()
         .and_then(|id| crate::embedder::debug_file(debug_dir, id))
     {
-        if let Some((s, e)) = std::fs::read(&debug)
+        let data = File::open(&debug).and_then(|f| crate::procfs::map_file(&f));
+        if let Some((s, e)) = data
             .ok()
             .and_then(|d| elf::function_symbol(&d, "luaV_execute"))
         {

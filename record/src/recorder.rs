@@ -560,9 +560,7 @@ impl Recording {
         let Ok(file) = procfs::open_mapped_file(pid, entry) else {
             return;
         };
-        // SAFETY: the mapping is only read; a file truncated under it would fault, which
-        // mapped binaries (in use by the target) are not.
-        let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        let Ok(data) = procfs::map_file(&file) else {
             return;
         };
         let binary = elf::unwind_record(&entry.path, &data);
@@ -606,7 +604,18 @@ impl Recording {
                     }),
             )
         };
-        if let Some(vm) = luajit.or_else(puc) {
+        // LuaJIT's API defined here, without its VM's unwind entry: a LUAJIT_NO_UNWIND
+        // build, whose frames lrec cannot read.
+        let luajit_api = || {
+            let data = data?;
+            elf::function_symbol(data, "luaJIT_setmode")?;
+            Some(Err(format!(
+                "found LuaJIT's API in {}, but not its interpreter (built with \
+                 LUAJIT_NO_UNWIND?); recording native stacks only",
+                binary.path
+            )))
+        };
+        if let Some(vm) = luajit.or_else(puc).or_else(luajit_api) {
             let segments = binary.segments.clone();
             self.vms.insert(key.to_vec(), BinaryVm { vm, segments });
             self.place_vms();

@@ -448,7 +448,12 @@ mod tests {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        std::fs::read(format!("/usr/lib/debug/.build-id/{}/{}.debug", &id[..2], &id[2..])).ok()
+        std::fs::read(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &id[..2],
+            &id[2..]
+        ))
+        .ok()
     }
 
     #[test]
@@ -462,7 +467,12 @@ mod tests {
             assert_eq!(luajit_vm(&full), Some(vm));
         }
         // Shapes that a size-and-CFA test took for LuaJIT (ARCHITECTURE, LUA-INTERNALS).
-        for path in ["libgnutls.so.30", "libc.so.6", "liblua5.4.so.0", "libstdc++.so.6"] {
+        for path in [
+            "libgnutls.so.30",
+            "libc.so.6",
+            "liblua5.4.so.0",
+            "libstdc++.so.6",
+        ] {
             if let Some(data) = read(&format!("{LIB}/{path}")) {
                 assert_eq!(luajit_vm(&unwind_record(path, &data)), None, "{path}");
             }
@@ -485,7 +495,11 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{path}: {e}"));
             // Debian's -dbg packages name it (none exists for 5.2).
             if let Some(debug) = debug_file(&data) {
-                assert_eq!(function_symbol(&debug, "luaV_execute"), Some(found), "{path}");
+                assert_eq!(
+                    function_symbol(&debug, "luaV_execute"),
+                    Some(found),
+                    "{path}"
+                );
             }
         }
         // A library without Lua has no release, and no release's table.
