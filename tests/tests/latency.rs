@@ -110,12 +110,19 @@ fn c_function_latencies_match_the_truth_per_thread() {
         assert_eq!(row["count"], t["calls"], "{function} calls in thread {tid}");
         for q in ["p50_us", "p99_us"] {
             let want: f64 = t[q].parse().unwrap();
-            within(
-                num(row, q),
-                want,
-                0.10,
-                &format!("{function} {q} thread {tid}"),
-            );
+            let what = format!("{function} {q} thread {tid}");
+            if function == "recurse" && q == "p50_us" {
+                // Each outermost call nests calls of 1, 2, 3 and 4 ms, equally many: the
+                // median falls between the 2 ms and the 3 ms calls, where one call the
+                // loaded machine stretched (a 2 ms call taking 2.4 ms) moves it by up to a
+                // millisecond, in the workload's own timing or in lrec's. Between the two
+                // groups is right.
+                let got = num(row, q);
+                eprintln!("{what}: {got:.1} vs truth {want:.1} (between 1.8 and 3.3 ms)");
+                assert!((1800.0..=3300.0).contains(&got), "{what}: {got}");
+                continue;
+            }
+            within(num(row, q), want, 0.10, &what);
         }
         threads += usize::from(function == "slow_op");
     }
