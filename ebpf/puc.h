@@ -565,7 +565,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	h->cframe = 0;
 	h->vmstate = -1; /* as LuaJIT's LJ_VMST_INTERP: interpreted */
 	h->nframes = w->n;
-	h->flags = w->flags;
+	h->flags = w->flags | LREC_LUA_PUC;
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 

@@ -101,6 +101,7 @@ struct lrec_thread_state {
 /* The frames of a suspended coroutine (an off-CPU Lua wait, lua_wait.h), not of the
  * state the thread runs: they go above the native stack, which is its resumer's. */
 #define LREC_LUA_SUSPENDED 16
+#define LREC_LUA_PUC 32 /* walked by PUC Lua's walker (puc.h), not LuaJIT's */
 /* lrec_lua_frame.link: the frame ran as JIT-compiled code (a trace's start frame or a
  * function inlined into the trace). */
 #define LREC_LUA_LINK_JIT 0x80

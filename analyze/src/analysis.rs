@@ -82,8 +82,9 @@ pub(crate) struct UnwoundSample {
     /// The sample's Lua frames had no interpreter frame to replace in a complete native
     /// stack, and were left out.
     pub(crate) lua_unplaced: bool,
-    /// The Lua VM (its global state's address) the sample ran in, 0 for none.
-    pub(crate) lua_vm: u64,
+    /// The Lua VM the sample ran in: its global state's address, and whether it is PUC
+    /// Lua's (not LuaJIT's).
+    pub(crate) lua_vm: Option<(u64, bool)>,
 }
 
 impl UnwoundSample {
@@ -111,7 +112,7 @@ impl UnwoundSample {
             jit_mapped: None,
             kind,
             lua_unplaced: false,
-            lua_vm: 0,
+            lua_vm: None,
         }
     }
 }
@@ -414,7 +415,7 @@ fn unwind_sample(
     );
     out.kernel_mode |= kernel_mode;
     out.vm_state = lua.map(|(l, _)| l.vmstate);
-    out.lua_vm = lua.map_or(0, |(l, _)| l.vm);
+    out.lua_vm = lua.map(|(l, _)| (l.vm, l.flags & lua_flags::PUC != 0));
     out.jit_mapped = lua.and_then(|(l, _)| {
         if l.flags & lua_flags::JIT_MAPPED != 0 {
             Some(true)
@@ -425,7 +426,7 @@ fn unwind_sample(
         }
     });
     // The Lua VM the sample ran in, if its runtime is known.
-    let lua = lua.and_then(|(l, meta)| Some((l, meta, meta.lua_runtimes.get(&s.pid)?)));
+    let lua = lua.and_then(|(l, meta)| Some((l, meta, meta.lua_runtime(s.pid, l.flags)?)));
     match space {
         // A kernel thread has neither user registers nor mappings: nothing is missing.
         _ if no_regs => {

@@ -95,10 +95,10 @@ pub(crate) fn assemble(
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_unplaced: BTreeMap<u32, u64> = BTreeMap::new();
-    let mut lua_states: BTreeSet<(u32, u64)> = BTreeSet::new();
+    let mut lua_states: BTreeSet<(u32, bool, u64)> = BTreeSet::new();
     for s in unwound.into_iter().flat_map(|c| c.samples) {
-        if s.lua_vm != 0 {
-            lua_states.insert((s.pid, s.lua_vm));
+        if let Some((g, puc)) = s.lua_vm {
+            lua_states.insert((s.pid, puc, g));
         }
         if s.no_mappings {
             *no_mappings.entry(s.pid).or_default() += 1;
@@ -119,8 +119,8 @@ pub(crate) fn assemble(
             n,
         );
     }
-    for (pid, _) in lua_states {
-        *stats.lua_states.entry(pid).or_default() += 1;
+    for (pid, puc, _) in lua_states {
+        *stats.lua_states.entry((pid, puc)).or_default() += 1;
     }
     for (pid, n) in lua_unplaced {
         warnings.add_n(
@@ -170,7 +170,7 @@ pub(crate) fn assemble(
             error: r.error.clone(),
         })
         .collect();
-    lua_vms.sort_by_key(|v| v.pid);
+    lua_vms.sort_by(|a, b| (a.pid, &a.path).cmp(&(b.pid, &b.path)));
     for vm in &lua_vms {
         if let Some(e) = &vm.error {
             warnings.add(e.clone());
@@ -293,7 +293,8 @@ fn user_frames(
             return;
         }
         UserFrame::LuaBuiltin { pid, id } => {
-            let builtins = meta.lua_runtimes.get(pid).map(|r| r.builtins.as_slice());
+            // Built-ins are LuaJIT's fast functions.
+            let builtins = meta.lua_runtime(*pid, 0).map(|r| r.builtins.as_slice());
             push(Frame::named(
                 luajit::builtin_name(builtins.unwrap_or_default(), *id),
                 None,

@@ -25,8 +25,8 @@ pub struct Metadata {
     pub kernel_symbols: Vec<(u64, u64, String)>,
     pub lost: u64,
     pub end: Option<End>,
-    /// Lua VMs found, per process.
-    pub lua_runtimes: HashMap<u32, LuaRuntime>,
+    /// Lua VMs found, per process and binary (a process may hold LuaJIT and PUC Lua).
+    pub lua_runtimes: HashMap<(u32, String), LuaRuntime>,
     /// Lua function prototypes by (pid, id).
     pub lua_protos: HashMap<(u32, u32), LuaProto>,
     /// Opening damage, then per-chunk warnings in capture order.
@@ -91,6 +91,21 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
 }
 
 impl Metadata {
+    /// The runtime that walked a Lua stack of process `pid` (`flags`: the stack's): its
+    /// PUC Lua or its LuaJIT, whichever validated. Captures before the stacks said which
+    /// walker made them hold one runtime per process.
+    pub fn lua_runtime(&self, pid: u32, flags: u32) -> Option<&LuaRuntime> {
+        let puc = flags & lrec_format::lua_flags::PUC != 0;
+        let of_pid = || {
+            self.lua_runtimes
+                .values()
+                .filter(move |r| r.pid == pid && !r.layout.is_empty())
+        };
+        of_pid()
+            .find(|r| crate::lua::is_puc(r) == puc)
+            .or_else(|| of_pid().find(|r| !puc && crate::lua::is_puc(r)))
+    }
+
     fn add(&mut self, record: Record) {
         match record {
             Record::Header(h) => {
@@ -116,12 +131,13 @@ impl Metadata {
             Record::End(e) => self.end = Some(e),
             Record::LuaRuntime(r) => {
                 // A runtime that validated wins over an earlier failure.
+                let key = (r.pid, r.path.clone());
                 let keep = self
                     .lua_runtimes
-                    .get(&r.pid)
+                    .get(&key)
                     .is_none_or(|have| have.layout.is_empty());
                 if keep {
-                    self.lua_runtimes.insert(r.pid, r);
+                    self.lua_runtimes.insert(key, r);
                 }
             }
             Record::LuaProto(p) => {

@@ -249,9 +249,9 @@ pub struct Stats {
     /// lines, and those left with the trace's base frame (unknown or flushed trace).
     pub jit_mapped: u64,
     pub jit_unmapped: u64,
-    /// Per process, how many Lua VMs (distinct global states) its samples ran in (not
-    /// kept by `--strip`).
-    pub lua_states: std::collections::BTreeMap<u32, usize>,
+    /// Per process and kind of VM (PUC Lua or not), how many Lua VMs (distinct global
+    /// states) its samples ran in (not kept by `--strip`).
+    pub lua_states: std::collections::BTreeMap<(u32, bool), usize>,
     /// First and last sample time.
     pub first_time_ns: Option<u64>,
     pub last_time_ns: Option<u64>,

@@ -342,6 +342,9 @@ pub mod lua_flags {
     /// The frames of a suspended coroutine (a Lua wait, [`super::OFF_CPU_LUA_YIELD`]), not
     /// of the state the thread runs: they lie above the native stack, its resumer's.
     pub const SUSPENDED: u32 = 16;
+    /// Walked by PUC Lua's walker: the process's PUC Lua runtime ran it, not its LuaJIT
+    /// (a process may hold both). Captures before lrec set it have PUC stacks without it.
+    pub const PUC: u32 = 32;
 }
 
 /// [`LuaFrame::link`] bit (LuaJIT): the frame ran as JIT-compiled code, the start frame of

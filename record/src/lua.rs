@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
+use lrec_format::{
+    lua_flags, lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample,
+};
 
 use crate::luajit::{self, Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
 use crate::puc;
@@ -61,6 +63,8 @@ struct ProcessVm {
     path: String,
     /// When the interpreter was found, or sampling started if that was later.
     found: std::time::Instant,
+    /// lrec's time spent telling the layout (reading the target's memory).
+    voting: std::time::Duration,
     code: Vec<VmCode>,
     detection: Detection,
     mem: Option<File>,
@@ -97,7 +101,9 @@ macro_rules! proto_key {
 /// The Lua VMs of every recorded process.
 #[derive(Default)]
 pub struct LuaVms {
-    procs: HashMap<u32, ProcessVm>,
+    /// The LuaJIT and the PUC Lua interpreter of each process (a process may hold both).
+    luajit: HashMap<u32, ProcessVm>,
+    puc: HashMap<u32, ProcessVm>,
     protos: HashMap<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
     copied: HashMap<ProtoKey, RawLuaProto>,
@@ -123,7 +129,7 @@ impl LuaVms {
         if let Some((minor, patch)) = code.release {
             return self.add_puc(pid, path, code, minor, patch);
         }
-        let p = self.procs.entry(pid).or_insert_with(|| {
+        let p = self.luajit.entry(pid).or_insert_with(|| {
             let votes = vec![0; LAYOUTS.len()];
             ProcessVm::new(
                 pid,
@@ -169,7 +175,7 @@ impl LuaVms {
     /// process running it (a pre-fork server's workers, whose VMs may run too seldom to be
     /// told by their own samples).
     fn layout_of(&self, path: &str) -> Option<usize> {
-        self.procs.values().find_map(|p| match p.detection {
+        self.luajit.values().find_map(|p| match p.detection {
             Detection::Ready(layout, _) if p.path == path => Some(layout),
             _ => None,
         })
@@ -177,7 +183,7 @@ impl LuaVms {
 
     /// Process pid's LuaJIT layout is known: configures its walker and records its runtime.
     fn ready(&mut self, pid: u32, layout: usize) {
-        let Some(p) = self.procs.get_mut(&pid) else {
+        let Some(p) = self.luajit.get_mut(&pid) else {
             return;
         };
         p.detection = Detection::Ready(layout, TraceArray::default());
@@ -188,8 +194,8 @@ impl LuaVms {
 
     /// A PUC Lua interpreter: its release gives its layout at once (or none is known).
     fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
-        if self.procs.contains_key(&pid) {
-            // One VM implementation per process: the first found.
+        if self.puc.contains_key(&pid) {
+            // One PUC Lua per process: the first found.
             return;
         }
         let release = puc::release(minor, patch);
@@ -211,7 +217,7 @@ impl LuaVms {
             }
         }
         self.records.push(Record::LuaRuntime(r));
-        self.procs.insert(pid, p);
+        self.puc.insert(pid, p);
     }
 
     /// Keeps a proto BPF copied (from the `lua_protos` ring).
@@ -229,7 +235,7 @@ impl LuaVms {
     /// their first seconds of samples to be told from now on.
     pub fn sampling_started(&mut self) {
         let now = std::time::Instant::now();
-        for p in self.procs.values_mut() {
+        for p in self.luajit.values_mut().chain(self.puc.values_mut()) {
             p.found = now;
         }
     }
@@ -237,7 +243,7 @@ impl LuaVms {
     /// Whether some process's layout is still being told, in the first seconds after its
     /// interpreter was found (a VM that does not run keeps its layout untold).
     pub fn detecting(&self) -> bool {
-        self.procs.values().any(|p| {
+        self.luajit.values().any(|p| {
             let telling = match p.detection {
                 Detection::Pending { .. } => true,
                 // The trace array, looked for from the first samples in traces.
@@ -273,12 +279,16 @@ impl LuaVms {
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record.
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
-        let p = self.procs.get_mut(&sample.pid)?;
-        if let Detection::Pending { .. } = p.detection {
+        let pending = |p: &ProcessVm| matches!(p.detection, Detection::Pending { .. });
+        if self.luajit.get(&sample.pid).is_some_and(pending) {
             self.vote(sample);
-            return None;
         }
         let walk = walk?;
+        let by_puc = u32::from(walk.header.flags) & lua_flags::PUC != 0;
+        let p = match by_puc {
+            true => self.puc.get(&sample.pid)?,
+            false => self.luajit.get(&sample.pid)?,
+        };
         let frames = match p.detection {
             Detection::Ready(layout, ref traces) => {
                 let layout = &LAYOUTS[layout];
@@ -342,7 +352,7 @@ impl LuaVms {
         // BPF's copy was taken when the sample ran the proto: it names it. The live
         // proto adds the names of callees, if it still is the same code (its chunk name
         // and lines may since belong to another: memory is reused after GC).
-        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
+        let mem = self.luajit.get(&pid).and_then(|p| p.mem.as_ref());
         let live = mem.and_then(|m| luajit::read_proto(m, layout, f));
         let read = match self.copied.remove(&key).map(|c| {
             let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
@@ -363,7 +373,7 @@ impl LuaVms {
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
-        let mem = self.procs.get(&pid).and_then(|p| p.mem.as_ref());
+        let mem = self.puc.get(&pid).and_then(|p| p.mem.as_ref());
         let read = self.copied.remove(&key).map(|c| {
             let mut p = copied_proto(&c, puc::lines(&c, &rel.abi));
             // The frame's numline is lastlinedefined.
@@ -397,7 +407,7 @@ impl LuaVms {
     /// [searching](TraceArray::searching): until it is found, samples in traces keep their
     /// trace's base frame.
     fn find_traces(&mut self, pid: u32, layout: &Layout, walk: &LuaWalk) {
-        let Some(p) = self.procs.get_mut(&pid) else {
+        let Some(p) = self.luajit.get_mut(&pid) else {
             return;
         };
         let Detection::Ready(_, traces) = &mut p.detection else {
@@ -421,7 +431,7 @@ impl LuaVms {
     }
 
     fn vote(&mut self, sample: &Sample) {
-        let Some(p) = self.procs.get_mut(&sample.pid) else {
+        let Some(p) = self.luajit.get_mut(&sample.pid) else {
             return;
         };
         let ip = sample.regs.ip;
@@ -435,6 +445,7 @@ impl LuaVms {
         // Only samples in the interpreter count against a layout: a VM that never runs
         // during the recording is not an unknown one.
         *tries += u32::from(in_vm);
+        let begun = std::time::Instant::now();
         // DISPATCH in r14 (the interpreter, GC64 traces) tells a layout at the cost of a
         // few reads; the stack's C frames (GC32 traces, C code) are searched only when no
         // layout validates that way.
@@ -448,6 +459,7 @@ impl LuaVms {
                 votes[i] += 1;
             }
         }
+        p.voting += begun.elapsed();
         let best = (0..votes.len()).max_by_key(|&i| votes[i]).unwrap_or(0);
         let total: u32 = votes.iter().sum();
         // Unanimous, or (should a stray value ever validate another layout) a 95 % majority.
@@ -456,7 +468,7 @@ impl LuaVms {
         if decided {
             let path = p.path.clone();
             let same_binary: Vec<u32> = self
-                .procs
+                .luajit
                 .iter()
                 .filter(|(_, q)| q.path == path && matches!(q.detection, Detection::Pending { .. }))
                 .map(|(&pid, _)| pid)
@@ -464,23 +476,66 @@ impl LuaVms {
             for pid in same_binary {
                 self.ready(pid, best);
             }
-        } else if *tries >= TRIES_BEFORE_GIVING_UP {
-            p.detection = Detection::Failed;
-            let mut r = luajit_runtime(sample.pid, p, None);
-            let msg = format!(
-                "pid {}: found a LuaJIT interpreter in {}, but its memory layout matches none \
-                 of the known ones ({}); recording native stacks only",
-                sample.pid,
-                p.path,
-                LAYOUTS
-                    .iter()
-                    .map(|l| l.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            r.error = Some(msg.clone());
-            self.messages.push(msg);
-            self.records.push(Record::LuaRuntime(r));
+        } else if *tries >= TRIES_BEFORE_GIVING_UP || p.voting >= VOTING_BUDGET {
+            let why = match *tries >= TRIES_BEFORE_GIVING_UP {
+                true => format!(
+                    "its memory layout matches none of the known ones ({})",
+                    LAYOUTS
+                        .iter()
+                        .map(|l| l.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                false => format!(
+                    "no layout was told within lrec's budget ({} ms of reading its memory)",
+                    VOTING_BUDGET.as_millis()
+                ),
+            };
+            self.fail(sample.pid, why);
+        }
+    }
+}
+
+/// lrec's time per process for telling a LuaJIT layout: past it, native stacks only.
+const VOTING_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl LuaVms {
+    /// Gives up telling process `pid`'s LuaJIT layout (`why`), saying so once.
+    fn fail(&mut self, pid: u32, why: String) {
+        let Some(p) = self.luajit.get_mut(&pid) else {
+            return;
+        };
+        p.detection = Detection::Failed;
+        let mut r = luajit_runtime(pid, p, None);
+        let msg = format!(
+            "pid {pid}: found a LuaJIT interpreter in {}, but {why}; recording native stacks \
+             only",
+            p.path
+        );
+        r.error = Some(msg.clone());
+        self.messages.push(msg);
+        self.records.push(Record::LuaRuntime(r));
+    }
+
+    /// The recording ends: a LuaJIT layout still being told is not known, and the capture
+    /// says why its samples have no Lua frames.
+    pub fn finish(&mut self) {
+        let pending: Vec<(u32, u32)> = self
+            .luajit
+            .iter()
+            .filter_map(|(&pid, p)| match p.detection {
+                Detection::Pending { tries, .. } => Some((pid, tries)),
+                _ => None,
+            })
+            .collect();
+        for (pid, tries) in pending {
+            // A VM that never ran while recording has nothing to say.
+            if tries > 0 {
+                self.fail(
+                    pid,
+                    format!("its layout was not told before the recording ended ({tries} samples in it)"),
+                );
+            }
         }
     }
 }
@@ -490,6 +545,7 @@ impl ProcessVm {
         ProcessVm {
             path: path.to_string(),
             found: std::time::Instant::now(),
+            voting: std::time::Duration::ZERO,
             code,
             detection,
             mem: File::open(format!("/proc/{pid}/mem")).ok(),

@@ -84,7 +84,8 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
                 Some(_) => "layout not identified: native stacks only".to_string(),
                 None => format!("layout {}", v.layout),
             };
-            let states = match profile.stats.lua_states.get(&v.pid) {
+            let puc = v.vm.starts_with("Lua 5.");
+            let states = match profile.stats.lua_states.get(&(v.pid, puc)) {
                 Some(&n) if v.error.is_none() => {
                     format!(", {n} VM{} running", if n == 1 { "" } else { "s" })
                 }
