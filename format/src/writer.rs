@@ -290,6 +290,20 @@ impl<W: CaptureSink> CaptureWriter<W> {
         Ok(())
     }
 
+    /// Writes a chunk encoded elsewhere ([`Chunk::encode`], on another thread), after the
+    /// chunks written so far; records buffered here stay buffered. For records that may
+    /// stand anywhere in a capture (metadata), not samples.
+    pub fn write_encoded(&mut self, chunk: Chunk) -> Result<(), FormatError> {
+        self.bytes_written += chunk.as_bytes().len() as u64;
+        self.out.write_chunk(chunk)?;
+        Ok(())
+    }
+
+    /// zstd level of the chunks this writer encodes.
+    pub fn level(&self) -> i32 {
+        self.level
+    }
+
     /// Flushes and returns the output.
     pub fn finish(mut self) -> Result<W, FormatError> {
         self.flush()?;

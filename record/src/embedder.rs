@@ -6,7 +6,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
-use lrec_format::Binary;
+use lrec_format::{Binary, Chunk, Record, Segment};
 
 use crate::procfs::{self, MapsEntry};
 use lrec_format::elf::{self, DebugInfo};
@@ -21,12 +21,26 @@ pub struct Job {
     pub debug: DebugInfo,
     /// Where separate debug files are (`--debug-dir`).
     pub debug_dir: PathBuf,
+    /// zstd level of the capture's chunks.
+    pub level: i32,
+}
+
+/// A binary embedded: its record encoded as a chunk of its own, ready to be written, and
+/// what the recorder needs of it.
+pub struct Embedded {
+    /// Build-id, or path when there is none: the key of the binary.
+    pub key: Vec<u8>,
+    pub path: String,
+    pub segments: Vec<Segment>,
+    /// LuaJIT's interpreter, if the binary holds it.
+    pub luajit: Option<elf::LuaJitVm>,
+    pub chunk: Result<Chunk, lrec_format::FormatError>,
 }
 
 /// The embedding thread (it ends when this is dropped, after its current job).
 pub struct Embedder {
     jobs: Sender<Job>,
-    done: Receiver<Binary>,
+    done: Receiver<Embedded>,
     /// Jobs submitted and not yet handed back.
     queued: usize,
 }
@@ -41,7 +55,21 @@ impl Embedder {
                 // Reading and compressing binaries yields to the target on a busy machine.
                 crate::procfs::lower_priority();
                 for job in inbox {
-                    if outbox.send(embed(job)).is_err() {
+                    let level = job.level;
+                    let binary = embed(job);
+                    let done = Embedded {
+                        key: binary
+                            .build_id
+                            .clone()
+                            .unwrap_or_else(|| binary.path.as_bytes().to_vec()),
+                        path: binary.path.clone(),
+                        segments: binary.segments.clone(),
+                        luajit: elf::luajit_vm(&binary),
+                        // Encoding and compressing a big binary takes tens of
+                        // milliseconds: here, not on the thread that drains samples.
+                        chunk: Chunk::encode(&[Record::Binary(binary)], level),
+                    };
+                    if outbox.send(done).is_err() {
                         break;
                     }
                 }
@@ -61,14 +89,14 @@ impl Embedder {
     }
 
     /// Binaries finished so far.
-    pub fn finished(&mut self) -> Vec<Binary> {
-        let done: Vec<Binary> = self.done.try_iter().collect();
+    pub fn finished(&mut self) -> Vec<Embedded> {
+        let done: Vec<Embedded> = self.done.try_iter().collect();
         self.queued -= done.len();
         done
     }
 
     /// Waits for every binary submitted so far; more may be submitted afterwards.
-    pub fn wait(&mut self) -> Vec<Binary> {
+    pub fn wait(&mut self) -> Vec<Embedded> {
         let mut done = Vec::with_capacity(self.queued);
         while self.queued > 0 {
             let Ok(binary) = self.done.recv() else {

@@ -282,13 +282,18 @@ pub fn validates(mem: &File, l: &Layout, r14: u64, code: &[VmCode]) -> bool {
     check().unwrap_or(false)
 }
 
+/// How much of a sample's stack [`on_stack`] searches.
+const ON_STACK_BYTES: usize = 4096;
+
 /// Whether the sample's stack holds a C frame of a VM of this layout (JIT-compiled code
 /// of GC32 builds keeps no DISPATCH in r14): a slot whose SAVE_L names a state whose
 /// `cframe` is that very slot, and whose `glref` is a VM whose current state is valid.
 pub fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> bool {
     let cf_l = l.abi.cf_l as usize;
     let width = l.ref_size() as usize;
-    let stack = &sample.user_stack;
+    // C frames are 16-byte aligned; the innermost ones matter, and each candidate costs a
+    // read of the target's memory: the first 4 KiB of the stack at most.
+    let stack = &sample.user_stack[..sample.user_stack.len().min(ON_STACK_BYTES)];
     (0..stack.len().saturating_sub(cf_l + width))
         .step_by(16)
         .any(|off| {

@@ -12,7 +12,7 @@ use lrec_format::{
     Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName, OFF_CPU_LUA_YIELD,
 };
 
-use crate::embedder::{Embedder, Job};
+use crate::embedder::{Embedded, Embedder, Job};
 use crate::flight::Flight;
 use crate::latency::Tracker;
 use crate::lua::{LuaVms, VmCode};
@@ -143,6 +143,11 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             return Err(e.into());
         }
     };
+    // `-d` counts from the first sample: samples taken after it are not written, whatever
+    // lrec was doing when its time came.
+    let started = Instant::now();
+    let deadline = args.duration.map(Duration::from_secs_f64);
+    rec.deadline_ns = deadline.map(|d| procfs::monotonic_ns() + d.as_nanos() as u64);
     rec.lua.sampling_started();
     target.start(&args.command)?;
     if !attached {
@@ -153,8 +158,6 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     }
     rec.flush()?;
 
-    let started = Instant::now();
-    let deadline = args.duration.map(Duration::from_secs_f64);
     let flush_every = match args.flight {
         Some(_) => FLIGHT_FLUSH_EVERY,
         None => FLUSH_EVERY,
@@ -189,6 +192,8 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             rec.refresh_all_maps()?;
         }
         drain(&mut sampler, &mut rec)?;
+        // A layout told by the samples just drained serves the next ones at once.
+        install_lua_configs(&mut sampler, &mut rec)?;
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.rename_young_threads()?;
@@ -245,7 +250,9 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     if status {
         eprint!("\r\x1b[K");
     }
-    // What the last moments left in the ring buffer, whatever ended the recording.
+    // No more samples; what the last moments left in the ring buffer is written, whatever
+    // ended the recording.
+    sampler.stop_sampling();
     drain(&mut sampler, &mut rec)?;
     rec.time_calls(&mut sampler, 0)?;
     rec.note_lost(sampler.lost())?;
@@ -340,6 +347,21 @@ struct Recording {
     lost: u64,
     /// `--latency`, `--node-loop`.
     latency: Option<Tracker>,
+    /// When `-d` runs out (CLOCK_MONOTONIC ns), and the samples taken after it, dropped.
+    deadline_ns: Option<u64>,
+    late: u64,
+}
+
+/// Strings that show Lua in a binary: PUC Lua's `lua_ident` (5.2 on, then 5.1) and the name
+/// of a function only LuaJIT's API has.
+const LUA_STRINGS: [&[u8]; 3] = [b"$LuaVersion: Lua 5.", b"$Lua: Lua 5.", b"luaJIT_setmode\0"];
+
+/// What a binary's bytes say of Lua, besides its unwind info: its PUC release, and whether
+/// it names LuaJIT's API.
+struct Evidence<'a> {
+    data: &'a [u8],
+    release: Option<(u32, u32)>,
+    luajit_api: bool,
 }
 
 /// The Lua interpreter of a binary, or why the one it holds could not be located, and the
@@ -376,6 +398,8 @@ impl Recording {
             state_samples: 0,
             lost: 0,
             latency: None,
+            deadline_ns: None,
+            late: 0,
         }
     }
 
@@ -401,6 +425,11 @@ impl Recording {
             lua: walk,
             off_cpu,
         } = RawSample::decode(bytes)?;
+        if self.deadline_ns.is_some_and(|d| sample.time_ns > d) && off_cpu.is_none() {
+            // Taken after `-d` ran out, while lrec was still busy: not part of the recording.
+            self.late += 1;
+            return Ok(());
+        }
         let pid = sample.pid;
         self.note_sampled(pid, sample.tid, sample.regs.ip)?;
         self.kernel_addrs.extend(&sample.kernel_stack);
@@ -530,22 +559,25 @@ impl Recording {
             memory,
             debug: self.debug,
             debug_dir: self.debug_dir.clone(),
+            level: self.writer.level(),
         });
     }
 
     /// Writes the binaries the embedding thread has finished; with `wait`, all of them.
     fn write_embedded(&mut self, wait: bool) -> Result<()> {
-        let done: Vec<Binary> = match wait {
+        let done: Vec<Embedded> = match wait {
             true => self.embedder.wait(),
             false => self.embedder.finished(),
         };
-        for binary in done {
-            let key = binary
-                .build_id
-                .clone()
-                .unwrap_or_else(|| binary.path.as_bytes().to_vec());
-            self.note_vm(&key, &binary, None);
-            self.writer.push(&Record::Binary(binary))?;
+        for e in done {
+            let luajit = e.luajit.map(|vm| VmCode {
+                start: vm.start,
+                end: vm.end,
+                cframe_size: vm.cframe_size,
+                ..VmCode::default()
+            });
+            self.note_vm(&e.key, &e.path, &e.segments, luajit, None);
+            self.writer.write_encoded(e.chunk?)?;
         }
         Ok(())
     }
@@ -564,30 +596,52 @@ impl Recording {
             return;
         };
         let binary = elf::unwind_record(&entry.path, &data);
-        self.note_vm(key, &binary, Some(&data));
+        let luajit = elf::luajit_vm(&binary).map(|vm| VmCode {
+            start: vm.start,
+            end: vm.end,
+            cframe_size: vm.cframe_size,
+            ..VmCode::default()
+        });
+        // The strings that tell Lua is here, read in pieces rather than through the
+        // mapping: a big library's pages are not all loaded into lrec.
+        let [ident, ident51, api] = procfs::find_strings(&file, &LUA_STRINGS, 64)
+            .try_into()
+            .expect("one answer per string");
+        let evidence = Evidence {
+            data: &data,
+            release: ident.or(ident51).and_then(|s| elf::lua_release(&s)),
+            luajit_api: api.is_some(),
+        };
+        self.note_vm(
+            key,
+            &entry.path,
+            &binary.segments,
+            luajit,
+            Some((&binary, evidence)),
+        );
     }
 
-    /// Looks for an interpreter in a binary, once per binary: LuaJIT's by its VM's unwind
-    /// entry, PUC Lua's by its version string and then its luaV_execute (in the file's
-    /// bytes, when at hand). A binary with a PUC Lua release whose interpreter loop
-    /// cannot be located is noted too, to say so.
-    fn note_vm(&mut self, key: &[u8], binary: &Binary, data: Option<&[u8]>) {
+    /// Notes the interpreter of a binary (`key`, mapped from `path`), once per binary:
+    /// LuaJIT's (`luajit`, found by its VM's unwind entry), else PUC Lua's by its version
+    /// string and then its luaV_execute (from the file, when at hand). A binary with a Lua
+    /// VM that cannot be located is noted too, to say so.
+    fn note_vm(
+        &mut self,
+        key: &[u8],
+        path: &str,
+        segments: &[lrec_format::Segment],
+        luajit: Option<VmCode>,
+        file: Option<(&Binary, Evidence)>,
+    ) {
         if !self.vm_checked.insert(key.to_vec()) {
             return;
         }
-        let luajit = elf::luajit_vm(binary).map(|vm| {
-            Ok(VmCode {
-                start: vm.start,
-                end: vm.end,
-                cframe_size: vm.cframe_size,
-                ..VmCode::default()
-            })
-        });
+        let luajit = luajit.map(Ok);
         let puc = || {
-            let data = data?;
-            let (minor, patch) = elf::lua_release(data)?;
+            let (binary, e) = file.as_ref()?;
+            let (minor, patch) = e.release?;
             Some(
-                crate::puc::find_execute(data, binary, minor, &self.debug_dir)
+                crate::puc::find_execute(e.data, binary, minor, &self.debug_dir)
                     .map(|(start, end, found_by)| VmCode {
                         start,
                         end,
@@ -597,9 +651,8 @@ impl Recording {
                     })
                     .map_err(|e| {
                         format!(
-                            "found Lua 5.{minor}.{patch} in {}, but not its interpreter loop \
-                             (luaV_execute): {e}; recording native stacks only",
-                            binary.path
+                            "found Lua 5.{minor}.{patch} in {path}, but not its interpreter \
+                             loop (luaV_execute): {e}; recording native stacks only"
                         )
                     }),
             )
@@ -607,16 +660,15 @@ impl Recording {
         // LuaJIT's API defined here, without its VM's unwind entry: a LUAJIT_NO_UNWIND
         // build, whose frames lrec cannot read.
         let luajit_api = || {
-            let data = data?;
-            elf::function_symbol(data, "luaJIT_setmode")?;
+            let (_, e) = file.as_ref().filter(|(_, e)| e.luajit_api)?;
+            elf::function_symbol(e.data, "luaJIT_setmode")?;
             Some(Err(format!(
-                "found LuaJIT's API in {}, but not its interpreter (built with \
-                 LUAJIT_NO_UNWIND?); recording native stacks only",
-                binary.path
+                "found LuaJIT's API in {path}, but not its interpreter (built with \
+                 LUAJIT_NO_UNWIND?); recording native stacks only"
             )))
         };
         if let Some(vm) = luajit.or_else(puc).or_else(luajit_api) {
-            let segments = binary.segments.clone();
+            let segments = segments.to_vec();
             self.vms.insert(key.to_vec(), BinaryVm { vm, segments });
             self.place_vms();
         }

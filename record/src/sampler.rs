@@ -95,6 +95,8 @@ pub struct Sampler {
     lost: PerCpuArray<MapData, u64>,
     lua_config: BpfHashMap<MapData, u32, RawLuaConfig>,
     puc_config: BpfHashMap<MapData, u32, RawPucConfig>,
+    /// The cpu-clock events, one per CPU, until [`Sampler::stop_sampling`].
+    ticks: Vec<aya::programs::perf_event::PerfEventLinkId>,
     lua_protos: RingBuf<MapData>,
     _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
@@ -269,17 +271,21 @@ impl Sampler {
         prog.load().map_err(SamplerError::Program)?;
         // One event per CPU with a tgid filter in BPF: this also covers threads created
         // after attach, which per-thread events would miss.
+        let mut ticks = Vec::with_capacity(cpus.len());
         for cpu in cpus {
-            prog.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Frequency(cfg.frequency_hz),
-                false,
-            )
-            .map_err(|source| SamplerError::Attach { cpu, source })?;
+            let link = prog
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(cfg.frequency_hz),
+                    false,
+                )
+                .map_err(|source| SamplerError::Attach { cpu, source })?;
+            ticks.push(link);
         }
         Ok(Sampler {
             ebpf,
+            ticks,
             ring,
             lost,
             lua_config,
@@ -292,6 +298,22 @@ impl Sampler {
             lua_waits_stopped: None,
             latency: Default::default(),
         })
+    }
+
+    /// Stops taking samples (the recording's duration is over): what the ring holds can
+    /// still be drained. Other probes (off-CPU, latency) stay until the sampler is dropped.
+    pub fn stop_sampling(&mut self) {
+        let Ok(prog) = <&mut PerfEvent>::try_from(
+            self.ebpf
+                .program_mut("sample")
+                .expect("sample program is in the object"),
+        ) else {
+            return;
+        };
+        for link in self.ticks.drain(..) {
+            // A failure leaves that CPU sampling a little longer, until lrec exits.
+            let _ = prog.detach(link);
+        }
     }
 
     /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.

@@ -163,6 +163,13 @@ impl Recording {
     /// symbols of the kernel addresses sampled so far.
     pub(super) fn settle(&mut self) -> Result<Option<KernelSymbols>> {
         self.write_embedded(true)?;
+        self.lua.finish();
+        for r in self.lua.take_records() {
+            self.writer.push(&r)?;
+        }
+        for msg in self.lua.messages.drain(..) {
+            eprintln!("lrec: {msg}");
+        }
         for (&pid, proc) in &mut self.procs {
             for (&tid, old) in &mut proc.threads {
                 match procfs::thread_name(pid, tid) {
