@@ -6,7 +6,7 @@
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
 #   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 or any ONLY skips 1 and 2.
 #   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
-#      (ONLY=jp).
+#      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -237,5 +237,55 @@ if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = jp ]; then
     done
     ./target/release/lanalyze "$OUT/jp.lrec" --info 2>/dev/null | grep 'in traces'
   done
+fi
+
+# 7. lrec's own cost in a big host (issue 27): tshark running a Lua tap
+#    (fixtures/workloads/hosts/tshark.lua, Lua 5.2 from a shared library among ~60 mapped
+#    libraries, libwireshark's 110 MB among them). `lrec -p -d HOST_SECS` and
+#    `perf record -p --call-graph dwarf,16384 -- sleep HOST_SECS`, one after the other on the
+#    same process, $HOST_RUNS times each: their own CPU time (user + system, /usr/bin/time)
+#    and peak RSS, medians; then lrec's system calls per sample (strace -c, one run).
+HOST_SECS=${HOST_SECS:-5}
+HOST_RUNS=${HOST_RUNS:-3}
+if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = host ]; } && command -v tshark >/dev/null; then
+  python3 - "$OUT/udp.pcap" <<'PY'
+import struct, sys
+with open(sys.argv[1], 'wb') as f:
+    f.write(struct.pack('<IHHiIII', 0xa1b2c3d4, 2, 4, 0, 0, 65535, 1))
+    for i in range(400000):
+        udp = struct.pack('>HHHH', 1000 + i % 50, 2000, 40, 0) + bytes([i & 0xff]) * 32
+        ip = struct.pack('>BBHHHBBH4s4s', 0x45, 0, 20 + len(udp), i & 0xffff, 0, 64, 17, 0,
+                         bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])) + udp
+        eth = bytes(range(6)) + bytes([0, 1, 2, 3, 4, 6, 8, 0]) + ip
+        f.write(struct.pack('<IIII', i // 1000, i % 1000 * 1000, len(eth), len(eth)) + eth)
+PY
+  tshark -r "$OUT/udp.pcap" -q -X lua_script:fixtures/workloads/hosts/tshark.lua >/dev/null 2>&1 &
+  host=$!
+  sleep 2
+  median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+  : >"$OUT/host.lrec.cost"; : >"$OUT/host.perf.cost"
+  for _ in $(seq "$HOST_RUNS"); do
+    /usr/bin/time -f "%U %S %M" -o "$OUT/t" ./target/release/lrec -q -F 499 -d "$HOST_SECS" -p "$host" -o "$OUT/host.lrec" >/dev/null 2>&1
+    cat "$OUT/t" >>"$OUT/host.lrec.cost"
+    /usr/bin/time -f "%U %S %M" -o "$OUT/t" perf record -q -F 499 --call-graph dwarf,16384 -p "$host" -o "$OUT/host.data" -- sleep "$HOST_SECS" >/dev/null 2>&1
+    cat "$OUT/t" >>"$OUT/host.perf.cost"
+  done
+  echo
+  echo "7. lrec's own cost in tshark with a Lua tap, ${HOST_SECS} s at 499 Hz (median of $HOST_RUNS)"
+  printf "%-34s %12s %12s\n" "" "CPU (s)" "peak RSS (MB)"
+  for who in lrec perf; do
+    cpu=$(awk '{ print $1 + $2 }' "$OUT/host.$who.cost" | median)
+    rss=$(awk '{ print $3 / 1024 }' "$OUT/host.$who.cost" | median)
+    printf "%-34s %12.2f %12.1f\n" "$([ $who = lrec ] && echo "lrec" || echo "perf record --call-graph dwarf")" "$cpu" "$rss"
+  done
+  if command -v strace >/dev/null; then
+    strace -f -c -o "$OUT/strace" ./target/release/lrec -q -F 499 -d "$HOST_SECS" -p "$host" -o "$OUT/host.lrec" >/dev/null 2>&1
+    calls=$(awk '$NF == "total" { print $(NF-1) }' "$OUT/strace")
+    samples=$(./target/release/lanalyze "$OUT/host.lrec" --info 2>/dev/null | awk '/^  samples:/ { print $2 }')
+    echo "lrec system calls: $calls for $samples samples ($(awk -v c="$calls" -v s="$samples" 'BEGIN { printf "%.2f", c / s }') per sample, start-up included)"
+    sort -k4 -nr "$OUT/strace" | awk 'NR > 2 && NF >= 5 && $NF != "total" { print "  " $NF, $4 }' | head -6
+  fi
+  ./target/release/lanalyze "$OUT/host.lrec" --info 2>/dev/null | grep -E 'duration:|Lua 5'
+  kill $host 2>/dev/null || true
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

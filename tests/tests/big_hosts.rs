@@ -1,0 +1,182 @@
+//! lrec keeps its promises in hosts that map many big libraries: `-d` is honored, every
+//! VM is found, nothing else is taken for one. Debian's `tshark` runs a Lua tap
+//! (fixtures/workloads/hosts/tshark.lua; Lua 5.2 from the stripped, shared liblua5.2 among
+//! ~60 libraries, libwireshark's 110 MB among them), and lua-host-shared runs LuaJIT VMs
+//! after loading libwireshark; lrec attaches to each 20 times for 3 s.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lrec_e2e::*;
+
+const RUNS: usize = 20;
+
+/// A child process killed when the test ends, passing or not.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pcap file of `n` small UDP packets.
+fn write_pcap(path: &Path, n: u32) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    // Global header: magic, version 2.4, zone, sigfigs, snaplen, Ethernet.
+    let mut header = 0xa1b2c3d4u32.to_le_bytes().to_vec();
+    header.extend(2u16.to_le_bytes());
+    header.extend(4u16.to_le_bytes());
+    for v in [0u32, 0, 65535, 1] {
+        header.extend(v.to_le_bytes());
+    }
+    f.write_all(&header).unwrap();
+    for i in 0..n {
+        let payload = [i as u8; 32];
+        let mut udp = Vec::new();
+        udp.extend((1000 + (i % 50) as u16).to_be_bytes());
+        udp.extend(2000u16.to_be_bytes());
+        udp.extend((8 + payload.len() as u16).to_be_bytes());
+        udp.extend(0u16.to_be_bytes());
+        udp.extend(payload);
+        let mut ip = vec![0x45, 0];
+        ip.extend((20 + udp.len() as u16).to_be_bytes());
+        ip.extend((i as u16).to_be_bytes());
+        ip.extend([0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        ip.extend(udp);
+        let mut eth = vec![0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 8, 0];
+        eth.extend(ip);
+        for v in [
+            i / 1000,
+            (i % 1000) * 1000,
+            eth.len() as u32,
+            eth.len() as u32,
+        ] {
+            f.write_all(&v.to_le_bytes()).unwrap();
+        }
+        f.write_all(&eth).unwrap();
+    }
+}
+
+/// Attaches `lrec -d 3` to `pid` RUNS times: each capture must hold 2.9–3.3 s of samples
+/// and name exactly the binaries of `vms` as holding a Lua VM (each validated), and most of
+/// its samples must have Lua frames of `chunk`.
+fn twenty_recordings(what: &str, pid: u32, dir: &Path, vms_wanted: &[&str], chunk: &str) {
+    let mut spans = Vec::new();
+    for run in 0..RUNS {
+        let cap = dir.join(format!("{run}.lrec"));
+        record_pid(&cap, pid, 499, 3, &[]);
+        let c = contents(&cap);
+        spans.push(c.secs());
+        let info = String::from_utf8(lanalyze(&[cap.as_os_str(), "--info".as_ref()])).unwrap();
+        let vms: Vec<&str> = info
+            .lines()
+            .skip_while(|l| !l.starts_with("Lua VMs"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        let found = |want: &&str| {
+            vms.iter()
+                .any(|l| l.contains(want) && !l.contains("native stacks only"))
+        };
+        assert!(
+            vms.len() == vms_wanted.len() && vms_wanted.iter().all(found),
+            "{what} run {run}: Lua VMs {vms:?}"
+        );
+        let (stacks, _) = folded(&cap, &["--offline"]);
+        let with_lua: u64 = stacks
+            .iter()
+            .filter(|(f, _)| f.iter().any(|x| is_lua_frame(x, chunk)))
+            .map(|(_, n)| n)
+            .sum();
+        let all: u64 = stacks.iter().map(|(_, n)| n).sum();
+        assert!(
+            with_lua as f64 >= 0.7 * all as f64,
+            "{what} run {run}: {with_lua} of {all} samples with Lua frames"
+        );
+        lua_is_placed(&format!("{what} run {run}"), &stacks, chunk, &[]);
+        std::fs::remove_file(&cap).unwrap();
+    }
+    let (min, max) = spans
+        .iter()
+        .fold((f64::MAX, 0f64), |(a, b), &s| (a.min(s), b.max(s)));
+    eprintln!("{what}: {RUNS} recordings of -d 3 held {min:.3}–{max:.3} s of samples");
+    assert!(min >= 2.9 && max <= 3.3, "{what}: spans {spans:?}");
+}
+
+#[test]
+fn tshark_lua_tap() {
+    let Some(_guard) = bpf_test("tshark lua tap") else {
+        return;
+    };
+    let Some(tshark) = installed("/usr/bin/tshark", "tshark (a big host with Lua 5.2)") else {
+        return;
+    };
+    let dir = tempfile_dir("tshark");
+    let pcap = dir.join("udp.pcap");
+    // ~1 ms of Lua per packet: long enough for all the recordings.
+    write_pcap(&pcap, 400_000);
+    let tap = root().join("fixtures/workloads/hosts/tshark.lua");
+    let target = Killed(
+        Command::new(tshark)
+            .arg("-r")
+            .arg(&pcap)
+            .args(["-q", "-X"])
+            .arg(format!("lua_script:{}", tap.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    twenty_recordings(
+        "tshark",
+        target.0.id(),
+        &dir,
+        &["liblua5.2.so"],
+        "tshark.lua",
+    );
+    drop(target);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn luajit_host_with_big_libraries() {
+    let what = "luajit host with libwireshark";
+    let Some(_guard) = bpf_test(what) else {
+        return;
+    };
+    let Some(lib) = installed(
+        "/usr/lib/x86_64-linux-gnu/libwireshark.so.16",
+        "libwireshark (big libraries in a LuaJIT host)",
+    ) else {
+        return;
+    };
+    let dir = tempfile_dir("luajit-big");
+    let target = Killed(
+        Command::new(fixture_bin("lua-host-shared"))
+            .arg("600")
+            .arg("2")
+            .arg(&lib)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.0.id())).unwrap();
+    let files: std::collections::BTreeSet<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.starts_with('/'))
+        .collect();
+    eprintln!("{what}: {} files mapped", files.len());
+    assert!(files.len() >= 40, "only {} files mapped", files.len());
+    // libwireshark brings Lua 5.2 along: a process with two kinds of VM, LuaJIT running.
+    let vms = ["libluajit-5.1.so.2", "liblua5.2.so"];
+    twenty_recordings(what, target.0.id(), &dir, &vms, "host/worker.lua");
+    drop(target);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
