@@ -139,7 +139,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
+	__uint(max_entries, 1 << 20); /* a proto's copy once: ~5 KiB each */
 } lua_protos SEC(".maps");
 
 struct {

@@ -79,7 +79,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in offcpu|latency|jp) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in offcpu|latency|jp|host) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -280,8 +280,8 @@ PY
   done
   if command -v strace >/dev/null; then
     strace -f -c -o "$OUT/strace" ./target/release/lrec -q -F 499 -d "$HOST_SECS" -p "$host" -o "$OUT/host.lrec" >/dev/null 2>&1
-    calls=$(awk '$NF == "total" { print $(NF-1) }' "$OUT/strace")
-    samples=$(./target/release/lanalyze "$OUT/host.lrec" --info 2>/dev/null | awk '/^  samples:/ { print $2 }')
+    calls=$(awk '$NF == "total" { print $4 }' "$OUT/strace")
+    samples=$(./target/release/lanalyze "$OUT/host.lrec" --info 2>/dev/null | awk '/^  total:/ { print $2; exit }')
     echo "lrec system calls: $calls for $samples samples ($(awk -v c="$calls" -v s="$samples" 'BEGIN { printf "%.2f", c / s }') per sample, start-up included)"
     sort -k4 -nr "$OUT/strace" | awk 'NR > 2 && NF >= 5 && $NF != "total" { print "  " $NF, $4 }' | head -6
   fi

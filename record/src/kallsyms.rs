@@ -9,7 +9,7 @@ use lrec_format::KernelSymbols;
 
 use crate::procfs::ProcError;
 
-/// A text symbol of /proc/kallsyms; name and module are byte ranges of the table's text.
+/// A text symbol of /proc/kallsyms; name and module are byte ranges of the table's names.
 #[derive(Debug, Clone, Copy)]
 struct KernelSymbol {
     start: u64,
@@ -17,10 +17,11 @@ struct KernelSymbol {
     module: Option<(u32, u32)>,
 }
 
-/// The kernel's text symbols, sorted by address.
+/// The kernel's text symbols, sorted by address. Only their names are kept (not the rest
+/// of the file: addresses as text, data symbols), which halves what lrec holds.
 #[derive(Debug)]
 pub struct KallsymsTable {
-    text: String,
+    names: String,
     symbols: Vec<KernelSymbol>,
 }
 
@@ -38,9 +39,11 @@ impl KallsymsTable {
     /// Parses the text of a kallsyms file (`ADDR TYPE NAME[\t[MODULE]]` lines); `path` only
     /// names it in errors. Keeps text symbols (`t`, `T`, `w`, `W`).
     pub fn parse(path: &Path, text: String) -> Result<Self, ProcError> {
-        let range = |s: &str| {
-            let at = s.as_ptr() as usize - text.as_ptr() as usize;
-            (at as u32, s.len() as u32)
+        let mut names = String::new();
+        let mut range = |s: &str| {
+            let at = names.len() as u32;
+            names.push_str(s);
+            (at, s.len() as u32)
         };
         let mut symbols = Vec::new();
         let mut any_text_symbol = false;
@@ -79,11 +82,13 @@ impl KallsymsTable {
             });
         }
         symbols.sort_by_key(|s| s.start);
-        Ok(KallsymsTable { text, symbols })
+        symbols.shrink_to_fit();
+        names.shrink_to_fit();
+        Ok(KallsymsTable { names, symbols })
     }
 
     fn str_at(&self, (at, len): (u32, u32)) -> &str {
-        &self.text[at as usize..(at + len) as usize]
+        &self.names[at as usize..(at + len) as usize]
     }
 
     /// The index of the symbol containing `addr`: the last of those starting at the

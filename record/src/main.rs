@@ -137,9 +137,11 @@ pub struct Args {
     /// the capture: a timeline, markers in `lanalyze --firefox`.
     #[arg(long)]
     pub latency_events: bool,
-    /// Ring-buffer size in MiB (a power of two).
-    #[arg(long, default_value_t = 32, value_name = "MIB")]
-    pub ring_mib: u32,
+    /// Ring-buffer size in MiB (a power of two). Default: 4 MiB per online CPU, at least
+    /// 8 and at most 128 (the ring is mapped twice into lrec: its size counts double in
+    /// lrec's memory). Raise it if lrec reports lost samples.
+    #[arg(long, value_name = "MIB")]
+    pub ring_mib: Option<u32>,
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
@@ -246,7 +248,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
     if args.latency_events && args.latency.is_empty() && !args.node_loop {
         bail!("--latency-events needs --latency SPEC or --node-loop");
     }
-    if !args.ring_mib.is_power_of_two() {
+    if args.ring_mib.is_some_and(|m| !m.is_power_of_two()) {
         bail!("--ring-mib must be a power of two");
     }
     if let Some(d) = args.duration {

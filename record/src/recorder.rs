@@ -40,7 +40,8 @@ const FLIGHT_FLUSH_EVERY: Duration = Duration::from_millis(250);
 const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
 /// Re-read /proc/PID/maps this often anyway: libraries that appear only in return
 /// addresses (libc under a callback, ld.so's work right after exec) never cause a miss.
-const MAPS_REFRESH: Duration = Duration::from_millis(100);
+/// (Libraries ld.so maps are read at once: the loader uprobe reports them.)
+const MAPS_REFRESH: Duration = Duration::from_millis(500);
 /// How long after lrec first sees a thread its name is checked for a change.
 const YOUNG_THREAD: Duration = Duration::from_secs(1);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
@@ -124,7 +125,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         follow_children: !args.no_children,
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
-        ring_bytes: args.ring_mib << 20,
+        ring_bytes: args.ring_mib.unwrap_or_else(default_ring_mib) << 20,
         loaders: target.loaders(&args.command),
         off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
         states: args.states.is_some(),
@@ -296,6 +297,13 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
         sampler.set_puc_config(pid, &cfg)?;
     }
     Ok(())
+}
+
+/// The sample ring's size without `--ring-mib`: 4 MiB per online CPU (a CPU's samples at
+/// 999 Hz with 16 KiB stacks fill 16 MiB/s, drained at every quarter), 8 to 128 MiB.
+fn default_ring_mib() -> u32 {
+    let cpus = aya::util::online_cpus().map_or(2, |c| c.len() as u32);
+    (4 * cpus).clamp(8, 128).next_power_of_two()
 }
 
 fn latency_wanted(args: &Args) -> bool {
@@ -604,7 +612,8 @@ impl Recording {
         });
         // The strings that tell Lua is here, read in pieces rather than through the
         // mapping: a big library's pages are not all loaded into lrec.
-        let [ident, ident51, api] = procfs::find_strings(&file, &LUA_STRINGS, 64)
+        let ranges = elf::string_ranges(&data);
+        let [ident, ident51, api] = procfs::find_strings(&file, &ranges, &LUA_STRINGS, 64)
             .try_into()
             .expect("one answer per string");
         let evidence = Evidence {

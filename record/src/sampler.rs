@@ -234,9 +234,6 @@ impl Sampler {
             tp.load(event, &btf).map_err(SamplerError::Program)?;
             tp.attach().map_err(SamplerError::Program)?;
         }
-        // Freeing the parsed BTF takes ~80 ms: not on the way to the first sample, nor
-        // while sampling without the Lua walkers' configurations.
-        std::thread::spawn(move || drop(btf));
         // Maps taken before sampling starts: mapping the rings takes a while (~0.1 s).
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
@@ -263,6 +260,15 @@ impl Sampler {
             }
         };
         drop(bpf);
+        // Freeing the parsed BTF takes ~80 ms: not on the way to the first sample, nor
+        // while sampling without the Lua walkers' configurations. Both parses (~10 MB
+        // each, in small pieces) are freed then: their pages go back, rather than stay
+        // lrec's for its lifetime.
+        std::thread::spawn(move || {
+            drop(btf);
+            // SAFETY: malloc_trim has no preconditions.
+            unsafe { libc::malloc_trim(0) };
+        });
         let prog: &mut PerfEvent = ebpf
             .program_mut("sample")
             .expect("sample program is in the object")

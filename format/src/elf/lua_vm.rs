@@ -125,6 +125,22 @@ fn instructions<R: gimli::Reader>(
     Some(out)
 }
 
+/// Where in an ELF file the strings that show Lua lie, as (file offset, size): its
+/// read-only data (`.rodata*`, where lapi.c's `lua_ident` is) and its dynamic symbol names
+/// (`.dynstr`). The whole file when its section headers cannot be read.
+pub fn string_ranges(data: &[u8]) -> Vec<(u64, u64)> {
+    let Ok(file) = parse_x86_64(data) else {
+        return vec![(0, data.len() as u64)];
+    };
+    file.sections()
+        .filter(|s| {
+            s.name()
+                .is_ok_and(|n| n.starts_with(".rodata") || n == ".dynstr")
+        })
+        .filter_map(|s| s.file_range())
+        .collect()
+}
+
 /// A PUC Lua release named in a binary by `lua_ident` (lapi.c), which every build that
 /// links the Lua API carries: `$LuaVersion: Lua 5.4.6  Copyright…` (5.2 on) or
 /// `$Lua: Lua 5.1.5 Copyright…`. Returns (minor, patch), e.g. (4, 6).
@@ -491,6 +507,11 @@ mod tests {
                 continue;
             };
             assert_eq!(lua_release(&data).map(|r| r.0), Some(minor), "{path}");
+            // lrec searches only the read-only data: lua_ident is there.
+            let in_ranges = string_ranges(&data)
+                .iter()
+                .find_map(|&(o, n)| lua_release(&data[o as usize..(o + n) as usize]));
+            assert_eq!(in_ranges, lua_release(&data), "{path}");
             let found = puc_execute(&data, &unwind_record(path, &data), minor)
                 .unwrap_or_else(|e| panic!("{path}: {e}"));
             // Debian's -dbg packages name it (none exists for 5.2).
