@@ -75,9 +75,24 @@ pub fn write_folded(profile: &Profile, opts: StackOptions, out: &mut dyn Write) 
     Ok(())
 }
 
-/// `;` separates frames and a newline ends a stack: neither may appear inside a name.
-fn sanitize(name: &str) -> String {
-    name.replace(';', ":").replace(['\n', '\r'], " ")
+/// Makes a name (from the target: a Lua chunk name, a symbol) safe in a folded line, where
+/// `;` separates frames, a line break ends the stack and the last one or two
+/// space-separated numbers are counts (inferno reads `stack BEFORE AFTER` as a difference):
+/// `;` becomes `:`, a line break a space, and a name ending in a space and a number keeps
+/// the number behind `_` instead (`frame 12` → `frame_12`), so that it cannot be read as a
+/// count. Nothing else changes; the README's "Folded stacks" says the same.
+pub fn sanitize(name: &str) -> String {
+    let mut s = name.replace(';', ":").replace(['\n', '\r'], " ");
+    if let Some(at) = s.rfind(' ') {
+        let tail = &s[at + 1..];
+        let number = !tail.is_empty()
+            && tail.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            && tail.bytes().any(|b| b.is_ascii_digit());
+        if number {
+            s.replace_range(at..=at, "_");
+        }
+    }
+    s
 }
 
 #[cfg(test)]
@@ -141,6 +156,67 @@ mod tests {
              app;main;work;inlined_helper 2\n\
              worker;main;work 2\n"
         );
+    }
+
+    #[test]
+    fn names_cannot_forge_frames_or_counts() {
+        // What a target controls: chunk names and symbols.
+        let nasty = [
+            "=a;b",
+            "line\nbreak",
+            "cr\rname",
+            "tab\there",
+            "frame 12",
+            "frame 1.5",
+            "two  spaces 7",
+            "end with space ",
+            "\u{fffd}not utf-8",
+        ];
+        for n in nasty {
+            let s = sanitize(n);
+            assert!(!s.contains([';', '\n', '\r']), "{s:?}");
+            // Appended to a stack with a count, the count and the frame read back whole,
+            // whether one or two counts are looked for (inferno's difference columns).
+            let line = format!("root;{s} 3");
+            let (stack, count) = line.rsplit_once(' ').unwrap();
+            assert_eq!(count, "3");
+            let last = stack.rsplit_once(' ').map_or("", |(_, t)| t);
+            assert!(
+                !last.chars().all(|c| c.is_ascii_digit() || c == '.') || last.is_empty(),
+                "{line:?}"
+            );
+            assert_eq!(stack.split(';').count(), 2, "{line:?}");
+        }
+        // Through inferno (the flame graph) and the difference of two profiles.
+        let mut p = profile();
+        for (i, n) in nasty.iter().enumerate() {
+            p.frames.push(frame(n, FrameKind::Lua));
+            let id = p.frames.len() as u32 - 1;
+            p.samples.push(sample(i % 2, &[0, id], false));
+        }
+        let total = p.samples.len();
+        let mut svg = Vec::new();
+        crate::render::write_flamegraph(&p, StackOptions::default(), &mut svg).unwrap();
+        let svg = String::from_utf8(svg).unwrap();
+        assert!(
+            svg.contains(&format!("all ({total} samples, 100%)")),
+            "{svg}"
+        );
+        assert!(svg.contains("frame_12 (1 samples"), "a name forged a count");
+        let mut diff = Vec::new();
+        crate::render::write_diff_folded(&p, &p, StackOptions::default(), &mut diff).unwrap();
+        let diff = String::from_utf8(diff).unwrap();
+        let mut before_total = 0;
+        for line in diff.lines() {
+            let mut tail = line.rsplitn(3, ' ');
+            let (after, before) = (tail.next().unwrap(), tail.next().unwrap());
+            assert_eq!(after, before, "{line}");
+            before_total += before.parse::<usize>().unwrap();
+        }
+        assert_eq!(before_total, total);
+        assert_eq!(sanitize("frame 12"), "frame_12");
+        assert_eq!(sanitize("hot chains.lua:12"), "hot chains.lua:12");
+        assert_eq!(sanitize("=a;b"), "=a:b");
     }
 
     #[test]
