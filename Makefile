@@ -8,7 +8,7 @@ APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev luajit2 libluajit
 BENCH_PACKAGES := linux-perf strace time
 DEMO_DIR := demo-out
 
-.PHONY: setup setup-bench build fixtures test demo bench lint clean
+.PHONY: setup setup-bench build fixtures test demo bench fuzz lint clean
 
 ## Installs what building and testing need (idempotent: installs only what is missing).
 setup:
@@ -42,13 +42,18 @@ demo: build fixtures
 	@mkdir -p $(DEMO_DIR)
 	./target/release/lrec -F 499 -o $(DEMO_DIR)/lua.lrec -- \
 		fixtures/bin/luajit-gc64 fixtures/workloads/lua/chains.lua 4
-	./target/release/lanalyze $(DEMO_DIR)/lua.lrec --flamegraph -o $(DEMO_DIR)/flamegraph.svg
+	./target/release/lanalyze $(DEMO_DIR)/lua.lrec --flamegraph --force -o $(DEMO_DIR)/flamegraph.svg
 	./target/release/lanalyze $(DEMO_DIR)/lua.lrec --top 12
 	@echo "flamegraph: $(DEMO_DIR)/flamegraph.svg"
 
 ## lrec vs perf on the same process at the same time: bytes/sample and analysis speed.
 bench: build fixtures setup-bench
 	scripts/bench.sh
+
+## A long run of the capture fuzz target (analyze/tests/fuzz.rs; `make test` runs 64 cases).
+FUZZ_CASES ?= 20000
+fuzz: build
+	PROPTEST_CASES=$(FUZZ_CASES) $(CARGO) test --release -p lanalyze --test fuzz -- --nocapture
 
 lint:
 	$(CARGO) fmt --all -- --check

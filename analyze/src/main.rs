@@ -1,7 +1,6 @@
 //! `lanalyze`: turns an lrec capture into folded stacks, a flame graph, a top table or a
 //! summary. All the work is in the `lanalyze` library; this only parses arguments.
 
-use std::fs::File;
 use std::io::{self, BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
@@ -9,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use lanalyze::render::{self, StackOptions, StateKey};
 use lanalyze::{analyze, strip, Mode, Naming, Options, Profile, TimeRange};
+use lrec_format::files::{OutputFile, OutputOptions};
 use lrec_format::{Capture, FormatError};
 
 const EXAMPLES: &str = "\
@@ -121,9 +121,14 @@ struct Cli {
     /// microseconds, per thread: where a thread's whole time went, in one picture.
     #[arg(long, conflicts_with = "states")]
     wall: bool,
-    /// Write to FILE instead of stdout.
+    /// Write to FILE instead of stdout: created mode 0600 (owned by the user who ran sudo,
+    /// under sudo) and in place only once complete; never through a symbolic link.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
+    /// Replace FILE (-o) even when it is not a capture or an output of lrec's or
+    /// lanalyze's.
+    #[arg(long, requires = "output")]
+    force: bool,
     /// Read no local files: use only what the capture holds.
     #[arg(long)]
     offline: bool,
@@ -224,17 +229,12 @@ fn run(cli: Cli) -> Result<()> {
         per_pid: cli.per_pid,
     };
     if cli.strip {
-        let path = cli
-            .output
-            .as_deref()
-            .expect("clap requires -o with --strip");
-        // Created private, as lrec creates captures.
-        let file = lrec_format::create_private(path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        return strip::write_stripped(&profiles[0], BufWriter::new(file))
-            .with_context(|| format!("cannot write {}", path.display()));
+        let mut out = output(cli.output.as_deref(), cli.force)?;
+        let written = strip::write_stripped(&profiles[0], &mut out)
+            .map_err(|e| io::Error::other(format!("{e:#}")));
+        return finish(written, out);
     }
-    let mut out = output(cli.output.as_deref())?;
+    let mut out = output(cli.output.as_deref(), cli.force)?;
     let written = if let [before, after] = profiles.as_slice() {
         if cli.folded {
             render::write_diff_folded(before, after, stack_opts, &mut out)
@@ -283,7 +283,7 @@ fn write_latency(cli: &Cli, opts: &Options) -> Result<()> {
     let path = &cli.captures[0];
     let latencies = lanalyze::read_latencies(&open(path)?, opts)
         .with_context(|| format!("cannot report latency of {}", path.display()))?;
-    let mut out = output(cli.output.as_deref())?;
+    let mut out = output(cli.output.as_deref(), cli.force)?;
     let written = if cli.csv {
         for u in &latencies.record.unresolved {
             eprintln!("lanalyze: warning: not timed: {u}");
@@ -296,24 +296,66 @@ fn write_latency(cli: &Cli, opts: &Options) -> Result<()> {
 }
 
 /// Where the output goes: -o FILE, else stdout.
-fn output(path: Option<&Path>) -> Result<Box<dyn Write>> {
+enum Output {
+    /// Written under a temporary name, in place once complete ([`OutputFile`]).
+    File(BufWriter<OutputFile>),
+    Stdout(BufWriter<io::StdoutLock<'static>>),
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Output::File(f) => f.write(buf),
+            Output::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::File(f) => f.flush(),
+            Output::Stdout(s) => s.flush(),
+        }
+    }
+}
+
+fn output(path: Option<&Path>, force: bool) -> Result<Output> {
     Ok(match path {
-        Some(path) => Box::new(BufWriter::new(
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-        )),
-        None => Box::new(BufWriter::new(io::stdout().lock())),
+        Some(path) => {
+            let opts = OutputOptions::for_invoking_user(force);
+            Output::File(BufWriter::new(OutputFile::create(path, &opts)?))
+        }
+        None => Output::Stdout(BufWriter::new(io::stdout().lock())),
     })
 }
 
-/// Flushes the output; a reader that went away (`| head`) is no error.
-fn finish(written: io::Result<()>, mut out: Box<dyn Write>) -> Result<()> {
-    written
-        .and_then(|()| out.flush())
-        .or_else(|e| match e.kind() {
+/// Flushes the output and puts a file in place; a reader that went away (`| head`) is no
+/// error. A file not written whole is removed.
+fn finish(written: io::Result<()>, mut out: Output) -> Result<()> {
+    let flushed = written.and_then(|()| out.flush());
+    match out {
+        Output::Stdout(_) => flushed.or_else(|e| match e.kind() {
             io::ErrorKind::BrokenPipe => Ok(()),
             _ => Err(e),
-        })
-        .context("cannot write the output")
+        }),
+        Output::File(f) => {
+            // The file without its buffer, whatever was flushed of it.
+            let (file, unflushed) = match f.into_inner() {
+                Ok(file) => (file, None),
+                Err(e) => {
+                    let (error, buffered) = e.into_parts();
+                    (buffered.into_parts().0, Some(error))
+                }
+            };
+            match flushed.and_then(|()| unflushed.map_or(Ok(()), Err)) {
+                Ok(()) => file.commit().map(drop).map_err(io::Error::other),
+                Err(e) => {
+                    file.abandon();
+                    Err(e)
+                }
+            }
+        }
+    }
+    .context("cannot write the output")
 }
 
 fn open(path: &Path) -> Result<Capture> {

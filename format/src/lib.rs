@@ -16,10 +16,12 @@
 //! Chunks decode independently, so a capture cut short by a crash or a full disk is
 //! readable up to its last complete chunk, and a corrupt chunk is skipped (the reader
 //! resynchronises on the next chunk magic). Unknown record kinds are skipped, not fatal.
-//! This crate performs no I/O beyond reading and writing the streams it is handed.
+//! This crate performs no I/O beyond reading and writing the streams it is handed, and
+//! creating output files safely ([`files`]).
 
 #[cfg(feature = "elf")]
 pub mod elf;
+pub mod files;
 mod reader;
 pub mod v1;
 mod writer;
@@ -54,21 +56,6 @@ pub enum FormatError {
     Encode(#[from] bincode::error::EncodeError),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Creates (or truncates) a capture file readable and writable by its owner only, as perf
-/// creates its data files: a capture holds the target's memory, which may hold secrets.
-pub fn create_private(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    // `mode` only applies to a new file: an old capture overwritten keeps its mode.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-    Ok(file)
 }
 
 /// The checksum covers the chunk header too, so a damaged length or kinds field is

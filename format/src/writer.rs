@@ -120,6 +120,25 @@ impl Chunk {
         pending.encode(level)
     }
 
+    /// A chunk of records already encoded (`kind, len, bincode` each, as
+    /// [`crate::Capture::inflate_chunk`] returns them), trusted as they are: for tools that
+    /// rewrite captures and for the fuzz tests, which feed damaged records past the
+    /// checksum.
+    pub fn from_encoded(
+        records: &[u8],
+        count: u32,
+        kinds: u32,
+        level: i32,
+    ) -> Result<Chunk, FormatError> {
+        let pending = Pending {
+            buf: records.to_vec(),
+            records: count,
+            kinds,
+            samples: SampleSpan::default(),
+        };
+        pending.encode(level)
+    }
+
     /// The chunk's bytes, to be written as they are.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes

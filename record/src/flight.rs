@@ -33,8 +33,9 @@ pub struct Dump {
 pub struct Flight {
     window_ns: u64,
     header: Header,
-    /// `-o`: dump `n` goes to [`output::numbered`]`(base, n)`.
+    /// `-o`: dump `n` goes to [`output::numbered`]`(base, n)`, created as `output` says.
     base: PathBuf,
+    output: lrec_format::files::OutputOptions,
     meta: Vec<Chunk>,
     /// Sample chunks, oldest first.
     ring: VecDeque<Chunk>,
@@ -47,11 +48,17 @@ pub struct Flight {
 }
 
 impl Flight {
-    pub fn new(window_secs: f64, header: Header, base: PathBuf) -> Flight {
+    pub fn new(
+        window_secs: f64,
+        header: Header,
+        base: PathBuf,
+        output: lrec_format::files::OutputOptions,
+    ) -> Flight {
         Flight {
             window_ns: (window_secs * 1e9) as u64,
             header,
             base,
+            output,
             meta: Vec::new(),
             ring: VecDeque::new(),
             lost: VecDeque::new(),
@@ -120,12 +127,12 @@ impl Flight {
             path: path.clone(),
             error,
         };
-        let mut out = output::create_capture(&path).map_err(failed)?;
+        let mut out = output::create_capture(&path, &self.output)
+            .map_err(|e| failed(std::io::Error::other(e)))?;
         let (span, lost) = self
             .write_window(&mut out, now_ns, extra, reason)
             .map_err(failed)?;
-        let file = out.into_inner().map_err(|e| failed(e.into_error()))?;
-        let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let bytes = output::commit_capture(out)?;
         self.dumps.push(Dump {
             path,
             span,
@@ -224,7 +231,7 @@ mod tests {
             wall_clock_start_ns: 1_000 * SEC,
             ..Header::default()
         };
-        let flight = Flight::new(5.0, header.clone(), "out.lrec".into());
+        let flight = Flight::new(5.0, header.clone(), "out.lrec".into(), Default::default());
         let mut w = CaptureWriter::new(flight, &header).unwrap();
         for i in 0..80 {
             let t = 100 * SEC + i * SEC / 4;

@@ -145,6 +145,16 @@ pub struct Args {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Replace the file at -o even when it is not a capture or an output of lrec's or
+    /// lanalyze's (a symbolic link or a special file is never written through).
+    #[arg(long)]
+    pub force: bool,
+    /// Run `-- CMD` as this user (a login name or uid), with its groups, USER, LOGNAME and
+    /// HOME. Without it CMD runs as lrec does: as root under sudo, as `perf record` runs
+    /// it. lrec itself stays root (it needs BPF); its captures belong to the user who ran
+    /// sudo either way.
+    #[arg(long, value_name = "NAME", requires = "command")]
+    pub user: Option<String>,
     /// The command to start and record.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -263,7 +273,10 @@ fn run(args: Args) -> Result<sampler::Sampler> {
     let mut target = match &args.pid {
         Some(pids) if !pids.is_empty() => target::Target::attach_all(pids)?,
         Some(_) => bail!("-p needs a process id"),
-        None => target::Target::spawn(&args.command)?,
+        None => {
+            let user = args.user.as_deref().map(target::User::lookup).transpose()?;
+            target::Target::spawn(&args.command, user.as_ref())?
+        }
     };
     let output = args
         .output

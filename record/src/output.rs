@@ -1,12 +1,14 @@
 //! Where the recorder's records go: a capture file, or the flight recorder's memory
 //! ([`Flight`]). Every capture file lrec writes is created private (mode 0600, as perf
-//! does): it holds the target's stack memory, which may hold secrets.
+//! does: it holds the target's stack memory, which may hold secrets), safely
+//! ([`OutputFile`]: no link followed, nothing foreign replaced, owned by the user who ran
+//! sudo), under a temporary name until it is complete.
 
-use std::fs::File;
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
-use lrec_format::{create_private, CaptureSink, Chunk};
+use lrec_format::files::{OutputError, OutputFile, OutputOptions};
+use lrec_format::{CaptureSink, Chunk};
 
 use crate::flight::Flight;
 
@@ -22,15 +24,34 @@ pub struct WriteFailed {
     pub error: io::Error,
 }
 
-/// A new capture file ([`create_private`]), buffered as lrec writes captures.
-pub fn create_capture(path: &Path) -> io::Result<BufWriter<File>> {
-    Ok(BufWriter::with_capacity(1 << 20, create_private(path)?))
+/// A capture file being written, buffered as lrec writes captures.
+pub type CaptureFile = BufWriter<OutputFile>;
+
+/// A new capture file ([`OutputFile`]), buffered.
+pub fn create_capture(path: &Path, opts: &OutputOptions) -> Result<CaptureFile, OutputError> {
+    Ok(BufWriter::with_capacity(
+        1 << 20,
+        OutputFile::create(path, opts)?,
+    ))
+}
+
+/// Writes out what is buffered and gives the capture its name; returns its size.
+pub fn commit_capture(out: CaptureFile) -> Result<u64, WriteFailed> {
+    let path = out.get_ref().destination().to_path_buf();
+    let failed = |error| WriteFailed {
+        path: path.clone(),
+        error,
+    };
+    let file = out.into_inner().map_err(|e| failed(e.into_error()))?;
+    let bytes = file.file().metadata().map(|m| m.len()).unwrap_or(0);
+    file.commit().map_err(|e| failed(io::Error::other(e)))?;
+    Ok(bytes)
 }
 
 /// The records' destination.
 pub enum Output {
     /// A capture file, written as recording goes.
-    File(BufWriter<File>),
+    File(CaptureFile),
     /// The flight recorder's window, written out on demand.
     Flight(Box<Flight>),
 }
@@ -122,9 +143,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lrec-private-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("old.lrec");
-        std::fs::write(&path, b"old").unwrap();
+        // An old capture of lrec's, readable by all.
+        std::fs::write(&path, lrec_format::MAGIC).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        drop(create_private(&path).unwrap());
+        let out = create_capture(&path, &OutputOptions::default()).unwrap();
+        assert_eq!(commit_capture(out).unwrap(), 0);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);

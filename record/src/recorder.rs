@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lrec_format::{
     Binary, CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName, OFF_CPU_LUA_YIELD,
 };
@@ -83,6 +83,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         monotonic_start_ns: procfs::monotonic_ns(),
         target_pid: pid,
     };
+    let out_opts = lrec_format::files::OutputOptions {
+        keep_partial: true,
+        ..lrec_format::files::OutputOptions::for_invoking_user(args.force)
+    };
     let sink = match args.flight {
         Some(secs) => {
             let parent = output.parent().filter(|d| !d.as_os_str().is_empty());
@@ -92,12 +96,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
                     dir.display()
                 );
             }
-            Output::Flight(Box::new(Flight::new(secs, header.clone(), output.into())))
+            let flight = Flight::new(secs, header.clone(), output.into(), out_opts);
+            Output::Flight(Box::new(flight))
         }
-        None => {
-            let file = output::create_capture(output).context("creating the output file")?;
-            Output::File(file)
-        }
+        None => Output::File(output::create_capture(output, &out_opts)?),
     };
     let writer = CaptureWriter::new(sink, &header)?;
     let pids = target.initial_pids(!args.no_children);

@@ -28,6 +28,8 @@ pub enum TargetError {
         #[source]
         source: std::io::Error,
     },
+    #[error("no such user: {0} (--user takes a login name or a numeric uid)")]
+    NoSuchUser(String),
 }
 
 fn sys(call: &'static str) -> TargetError {
@@ -116,11 +118,17 @@ impl Target {
         })
     }
 
-    /// Forks `cmd`; the child waits at a gate until [`Target::start`].
-    pub fn spawn(cmd: &[String]) -> Result<Target, TargetError> {
+    /// Forks `cmd`, as `user` when given; the child waits at a gate until
+    /// [`Target::start`].
+    pub fn spawn(cmd: &[String], user: Option<&User>) -> Result<Target, TargetError> {
         if cmd.is_empty() {
             return Err(TargetError::EmptyCommand);
         }
+        // The user's environment, prepared before the fork (the child only makes calls
+        // that are safe there).
+        let env: Option<Vec<CString>> = user.map(|u| u.environment());
+        let mut envp: Vec<*const libc::c_char> = env.iter().flatten().map(|e| e.as_ptr()).collect();
+        envp.push(std::ptr::null());
         let args: Vec<CString> = cmd
             .iter()
             .map(|a| CString::new(a.as_bytes()).map_err(|_| TargetError::NulInCommand))
@@ -135,7 +143,7 @@ impl Target {
         {
             return Err(sys("pipe2"));
         }
-        // SAFETY: after fork the child only calls async-signal-safe functions (read,
+        // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
         // execvp, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
@@ -143,12 +151,28 @@ impl Target {
         }
         if pid == 0 {
             unsafe {
+                // Only lrec holds the gate's write end: closing it lets the child go.
+                libc::close(gate[1]);
+                libc::close(report[0]);
                 let mut b = 0u8;
                 libc::read(gate[0], (&mut b as *mut u8).cast(), 1);
                 if b != 1 {
                     libc::_exit(127);
                 }
-                libc::execvp(argv[0], argv.as_ptr());
+                if let Some(u) = user {
+                    // Groups first, then the group, then the user: each needs root.
+                    if libc::setgroups(u.groups.len(), u.groups.as_ptr()) != 0
+                        || libc::setgid(u.gid) != 0
+                        || libc::setuid(u.uid) != 0
+                    {
+                        let errno = *libc::__errno_location();
+                        libc::write(report[1], (&errno as *const i32).cast(), 4);
+                        libc::_exit(127);
+                    }
+                    libc::execvpe(argv[0], argv.as_ptr(), envp.as_ptr());
+                } else {
+                    libc::execvp(argv[0], argv.as_ptr());
+                }
                 let errno = *libc::__errno_location();
                 libc::write(report[1], (&errno as *const i32).cast(), 4);
                 libc::_exit(127);
@@ -170,7 +194,8 @@ impl Target {
         })
     }
 
-    /// Lets a spawned child exec its command; reports a failed exec.
+    /// Lets a spawned child exec its command; reports a failed exec (or a failed switch to
+    /// `--user`).
     pub fn start(&mut self, cmd: &[String]) -> Result<(), TargetError> {
         let Some(fd) = self.gate.take() else {
             return Ok(());
@@ -232,6 +257,18 @@ impl Target {
 
     /// Ends a spawned child that is still running (when lrec stops first).
     pub fn stop_child(&mut self) {
+        if let Some(fd) = self.gate.take() {
+            // Never started: the child reads end-of-file at its gate and exits. (It keeps
+            // lrec's handlers until exec, so SIGTERM would only set its flag.)
+            // SAFETY: closes our end of the gate and reaps our own child.
+            unsafe {
+                libc::close(fd);
+                let mut status = 0;
+                libc::waitpid(self.pid as i32, &mut status, 0);
+            }
+            self.exit = Some(Exit::Code(127));
+            return;
+        }
         if self.spawned && self.exited().is_none() {
             // SAFETY: signals and reaps our own child.
             unsafe {
@@ -341,5 +378,89 @@ pub fn install_signal_handlers() {
             sa.sa_sigaction = handler as *const () as usize;
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
+    }
+}
+
+/// A user to run the command as (`lrec --user NAME`): ids and groups from the password and
+/// group databases, and the variables a login would set.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub uid: libc::uid_t,
+    pub gid: libc::gid_t,
+    pub groups: Vec<libc::gid_t>,
+    pub home: String,
+}
+
+impl User {
+    /// Looks `name` (or a numeric uid) up.
+    pub fn lookup(name: &str) -> Result<User, TargetError> {
+        let unknown = || TargetError::NoSuchUser(name.to_string());
+        let cname = CString::new(name).map_err(|_| unknown())?;
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        let mut buf = vec![0 as libc::c_char; 16384];
+        // SAFETY: valid buffers of the sizes given; `found` points into them or is null.
+        let rc = match name.parse::<libc::uid_t>() {
+            Ok(uid) => unsafe {
+                libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
+            },
+            Err(_) => unsafe {
+                libc::getpwnam_r(
+                    cname.as_ptr(),
+                    &mut pw,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    &mut found,
+                )
+            },
+        };
+        if rc != 0 || found.is_null() {
+            return Err(unknown());
+        }
+        // SAFETY: the strings of a found entry are valid C strings in `buf`.
+        let text = |p: *const libc::c_char| unsafe {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        let (login, home) = (text(pw.pw_name), text(pw.pw_dir));
+        let login_c = CString::new(login.as_bytes()).map_err(|_| unknown())?;
+        let mut groups = vec![0 as libc::gid_t; 256];
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: `groups` holds `n` entries; getgrouplist writes at most that many.
+        if unsafe { libc::getgrouplist(login_c.as_ptr(), pw.pw_gid, groups.as_mut_ptr(), &mut n) }
+            < 0
+        {
+            n = 1;
+            groups[0] = pw.pw_gid;
+        }
+        groups.truncate(n.max(0) as usize);
+        Ok(User {
+            name: login,
+            uid: pw.pw_uid,
+            gid: pw.pw_gid,
+            groups,
+            home,
+        })
+    }
+
+    /// lrec's environment with the user's USER, LOGNAME and HOME.
+    fn environment(&self) -> Vec<CString> {
+        let mut env: Vec<CString> = std::env::vars_os()
+            .filter(|(k, _)| !matches!(k.to_str(), Some("USER" | "LOGNAME" | "HOME")))
+            .filter_map(|(k, v)| {
+                let mut kv = k.into_encoded_bytes();
+                kv.push(b'=');
+                kv.extend(v.into_encoded_bytes());
+                CString::new(kv).ok()
+            })
+            .collect();
+        for (k, v) in [
+            ("USER", &self.name),
+            ("LOGNAME", &self.name),
+            ("HOME", &self.home),
+        ] {
+            env.extend(CString::new(format!("{k}={v}")));
+        }
+        env
     }
 }

@@ -109,6 +109,19 @@ fn capture_of_a_killed_recorder_is_readable_and_exact() {
     target.kill().unwrap();
     target.wait().unwrap();
 
+    // Not complete, so not at its name: beside it, under the name lrec wrote it as.
+    assert!(
+        !cap.exists(),
+        "an incomplete capture took the name asked for"
+    );
+    let partial: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    std::fs::rename(&partial[0], &cap).unwrap();
     let (samples, _, warnings) = capture_totals(&cap);
     eprintln!("killed capture: {samples} samples, warnings {warnings:?}");
     // Two busy threads at 499 Hz: ~1000 samples/s, and at most the last second is lost.

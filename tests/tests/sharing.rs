@@ -254,7 +254,8 @@ fn captures_are_created_private() {
     let dir = tempfile_dir("private");
     let new = dir.join("new.lrec");
     let old = dir.join("old.lrec");
-    std::fs::write(&old, b"an older capture").unwrap();
+    // An older capture made readable to all: the new one replacing it is private again.
+    record_command(&old, 99, &[fixture("native").as_ref(), "0.2".as_ref()]);
     std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).unwrap();
     for cap in [&new, &old] {
         record_command(cap, 99, &[fixture("native").as_ref(), "0.5".as_ref()]);

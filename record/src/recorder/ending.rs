@@ -259,7 +259,7 @@ impl Recording {
         let Output::File(out) = self.writer.finish()? else {
             unreachable!("a flight ends with a dump");
         };
-        let bytes = out.get_ref().metadata().map(|m| m.len()).unwrap_or(0);
+        let bytes = crate::output::commit_capture(out)?;
         Ok(Summary {
             samples: self.samples,
             lost: self.lost,
