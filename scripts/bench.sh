@@ -7,6 +7,7 @@
 #   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 or any ONLY skips 1 and 2.
 #   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
 #      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
+#   8. Per-sample cost on the target's own CPU beside perf's, floor subtracted (ONLY=cost).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -79,7 +80,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in offcpu|latency|jp|host) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in offcpu|latency|jp|host|cost) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -287,5 +288,25 @@ PY
   fi
   ./target/release/lanalyze "$OUT/host.lrec" --info 2>/dev/null | grep -E 'duration:|Lua 5'
   kill $host 2>/dev/null || true
+fi
+
+# 8. What each sample costs the target on its own CPU (issue 23): scripts/cost.py. The
+#    target (fixtures/workloads/lua/cost.lua or fixtures/build/cost: a chain of DEPTH frames
+#    doing fixed work, printing its progress) on CPU 1, the profilers and the progress reader
+#    on CPU 0, COST_HZ sampling, alternating COST_WINDOW s windows bare / lrec -p /
+#    perf record -p --call-graph dwarf,16384 / perf record -p (the floor: the sampling
+#    interrupt alone), COST_ROUNDS rounds, medians. ONLY=cost runs this part only.
+if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; then
+  echo
+  COST=fixtures/workloads/lua/cost.lua
+  cases=()
+  for depth in 20 200; do
+    cases+=("luajit jit on, $depth=fixtures/bin/luajit-gc64 $COST $depth"
+            "luajit -joff, $depth=fixtures/bin/luajit-gc64 -joff $COST $depth"
+            "lua5.4, $depth=fixtures/bin/lua5.4-static $COST $depth"
+            "native, $depth=fixtures/build/cost $depth")
+  done
+  python3 scripts/cost.py --rounds "${COST_ROUNDS:-5}" --window "${COST_WINDOW:-6}" \
+    --hz "${COST_HZ:-10000}" "${cases[@]}"
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""What each sample costs the target on its own CPU (make bench, part 8; issue 23).
+
+The target runs forever on CPU 1, printing a line per fixed amount of work; this script
+reads and timestamps the lines on CPU 0, where the profilers run too. In alternating
+windows of WINDOW seconds the target runs bare, under `lrec -p`, under
+`perf record -p --call-graph dwarf,16384` and under `perf record -p` without call graphs
+(the sampling interrupt alone: the floor), all at HZ. The target's progress rate in each
+window (start-up and teardown excluded) gives the share of its CPU the profiler took;
+divided by the samples actually taken per second, the cost of one sample. The cost above
+the floor is what the profiler's own work adds to the interrupt every profiler pays.
+"own" is the profiler process's own CPU (user + system) per sample, start-up included.
+Median over ROUNDS rounds, the order of the windows rotating each round.
+
+Usage: cost.py [--rounds N] [--window S] [--hz HZ] LABEL=COMMAND...
+"""
+
+import argparse
+import os
+import re
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+LREC = "./target/release/lrec"
+LANALYZE = "./target/release/lanalyze"
+MODES = ["bare", "lrec", "perf", "floor"]
+# Start-up (attach, BPF load, first maps) and teardown are left out of each window.
+LEAD, TAIL = 1.0, 0.5
+
+
+class Progress:
+    """Timestamps of the target's progress lines, read on this (CPU 0) process."""
+
+    def __init__(self, proc):
+        self.times = []
+        self.thread = threading.Thread(target=self.read, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def read(self, proc):
+        for _ in proc.stdout:
+            self.times.append(time.monotonic())
+
+    def rate(self, t0, t1):
+        n = sum(1 for t in self.times if t0 <= t < t1)
+        return n / (t1 - t0)
+
+
+def sysctl(name, value=None):
+    path = "/proc/sys/" + name.replace(".", "/")
+    old = open(path).read().strip()
+    if value is not None:
+        with open(path, "w") as f:
+            f.write(str(value))
+    return old
+
+
+def lrec_window(pid, args, out):
+    cmd = ["taskset", "-c", "0", LREC, "-p", str(pid), "-d", str(args.window)]
+    cmd += ["-F", str(args.hz), "-o", out]
+    c0, t0 = children_cpu(), time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    t1, cpu = time.monotonic(), children_cpu() - c0
+    if p.returncode != 0:
+        sys.exit(f"lrec failed: {p.stderr}")
+    bpf = re.search(r"BPF sampler: \d+ runs, ([0-9.]+) us per run", p.stderr)
+    info = subprocess.run([LANALYZE, out, "--info"], capture_output=True, text=True).stdout
+    total = int(re.search(r"total:\s+(\d+)", info).group(1))
+    lost = int(re.search(r"lost:\s+(\d+)", info).group(1))
+    secs = float(re.search(r"duration:\s+([0-9.]+) s", info).group(1))
+    bpf = float(bpf.group(1)) if bpf else None
+    return t0, t1, (total + lost) / secs, bpf, cpu / (total + lost) * 1e6
+
+
+def children_cpu():
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def perf_window(pid, args, out, dwarf):
+    cmd = ["taskset", "-c", "0", "perf", "record", "-q", "-F", str(args.hz), "-p", str(pid)]
+    if dwarf:
+        cmd += ["--call-graph", "dwarf,16384"]
+    cmd += ["-o", out, "--", "sleep", str(args.window)]
+    c0, t0 = children_cpu(), time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    t1, cpu = time.monotonic(), children_cpu() - c0
+    if p.returncode != 0:
+        sys.exit(f"perf failed: {p.stderr}")
+    stats = subprocess.run(
+        ["perf", "report", "-i", out, "--stats"], capture_output=True, text=True
+    ).stdout
+    # The aggregated counts come first (then per-thread ones).
+    samples = int((re.findall(r"SAMPLE events:\s+(\d+)", stats) or ["0"])[0])
+    lost = int((re.findall(r"LOST_SAMPLES events:\s+(\d+)", stats) or ["0"])[0])
+    return t0, t1, (samples + lost) / args.window, None, cpu / max(samples + lost, 1) * 1e6
+
+
+def measure(label, command, args, tmp):
+    target = subprocess.Popen(
+        ["taskset", "-c", "1"] + shlex.split(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    progress = Progress(target)
+    time.sleep(2)  # the target warms up (the JIT compiles its traces)
+    rates = {m: [] for m in MODES}
+    per_s = {m: [] for m in MODES}
+    bpf, own = [], {"lrec": [], "perf": []}
+    try:
+        for r in range(args.rounds):
+            order = MODES[r % len(MODES):] + MODES[: r % len(MODES)]
+            for mode in order:
+                out = os.path.join(tmp, "w." + mode)
+                if mode == "bare":
+                    t0 = time.monotonic()
+                    time.sleep(args.window)
+                    t1 = time.monotonic()
+                    f = 0.0
+                elif mode == "lrec":
+                    t0, t1, f, b, c = lrec_window(target.pid, args, out)
+                    if b is not None:
+                        bpf.append(b)
+                    own["lrec"].append(c)
+                else:
+                    t0, t1, f, _, c = perf_window(target.pid, args, out, mode == "perf")
+                    if mode == "perf":
+                        own["perf"].append(c)
+                rates[mode].append(progress.rate(t0 + LEAD, t0 + args.window - TAIL))
+                per_s[mode].append(f)
+                if os.path.exists(out):
+                    os.remove(out)
+    finally:
+        target.kill()
+        target.wait()
+    bare = statistics.median(rates["bare"])
+    cost = {}
+    for mode in MODES[1:]:
+        # Share of the target's CPU taken, per sample taken: seconds per sample.
+        slow = 1 - statistics.median(rates[mode]) / bare
+        cost[mode] = slow / statistics.median(per_s[mode]) * 1e6
+    above = {m: cost[m] - cost["floor"] for m in ("lrec", "perf")}
+    ratio = above["lrec"] / above["perf"] if above["perf"] > 0 else float("nan")
+    print(
+        f"{label:<22} {cost['floor']:7.2f} {cost['perf']:7.2f} {cost['lrec']:7.2f} "
+        f"{above['perf']:9.2f} {above['lrec']:9.2f} {ratio:7.2f} "
+        f"{statistics.median(bpf) if bpf else float('nan'):8.2f} "
+        f"{statistics.median(per_s['lrec']):8.0f} {statistics.median(per_s['perf']):8.0f} "
+        f"{statistics.median(own['lrec']):9.2f} {statistics.median(own['perf']):9.2f}",
+        flush=True,
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--window", type=float, default=6)
+    ap.add_argument("--hz", type=int, default=10000)
+    ap.add_argument("cases", nargs="+", metavar="LABEL=COMMAND")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {0})
+    # The kernel must not lower the sampling rate under us, and BPF counts its run time.
+    old_rate = sysctl("kernel.perf_event_max_sample_rate", max(100000, args.hz))
+    old_pct = sysctl("kernel.perf_cpu_time_max_percent", 0)
+    old_stats = sysctl("kernel.bpf_stats_enabled", 1)
+    print(
+        f"Per-sample cost on the target's CPU: {args.hz} Hz, {args.window:g} s windows, "
+        f"{args.rounds} rounds, medians; us per sample (floor: perf without call graphs)"
+    )
+    print(
+        f"{'target':<22} {'floor':>7} {'perf':>7} {'lrec':>7} {'perf-fl':>9} {'lrec-fl':>9} "
+        f"{'ratio':>7} {'BPF us':>8} {'lrec/s':>8} {'perf/s':>8} {'lrec own':>9} {'perf own':>9}"
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="lrec-cost-") as tmp:
+            for case in args.cases:
+                label, command = case.split("=", 1)
+                measure(label, command, args, tmp)
+    finally:
+        sysctl("kernel.perf_cpu_time_max_percent", old_pct)
+        if old_pct not in ("0", "100"):
+            sysctl("kernel.perf_event_max_sample_rate", old_rate)
+        sysctl("kernel.bpf_stats_enabled", old_stats)
+
+
+if __name__ == "__main__":
+    main()
