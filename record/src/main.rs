@@ -89,8 +89,9 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = DebugMode::Auto)]
     pub debuginfo: DebugMode,
     /// Where separate debug files are looked up by build-id (DIR/.build-id/xx/rest.debug,
-    /// as Debian's -dbg packages install them): they name a stripped PUC Lua's
-    /// luaV_execute. Without them lrec takes the binary's largest function.
+    /// as Debian's -dbg packages install them): their names are embedded with the
+    /// binaries', and they name a stripped PUC Lua's luaV_execute (without them lrec finds
+    /// it by its opcode dispatch table).
     #[arg(long, default_value = "/usr/lib/debug", value_name = "DIR")]
     pub debug_dir: PathBuf,
     /// Also record where the target's threads block: each interval a thread spends off CPU
