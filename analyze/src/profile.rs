@@ -306,6 +306,19 @@ impl Profile {
             .collect()
     }
 
+    /// Every frame's name for the apps that mark kernel code their own way (speedscope's
+    /// file, the Firefox Profiler's Kernel category): as [`Profile::display_names`], but
+    /// kernel functions bare, without `_[k]`.
+    pub fn app_names(&self) -> Vec<String> {
+        self.frames
+            .iter()
+            .map(|f| match f.kind {
+                FrameKind::Kernel => f.function.clone(),
+                _ => f.display_name(self.naming),
+            })
+            .collect()
+    }
+
     /// The index in [`Profile::threads`] of process `pid`'s main thread (tid = pid), if
     /// it was sampled.
     pub fn main_thread(&self, pid: u32) -> Option<usize> {

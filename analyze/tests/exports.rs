@@ -74,9 +74,20 @@ fn speedscope_is_valid_and_holds_every_sample_in_time_order() {
             "{name}: one profile per thread"
         );
         let frames = doc["shared"]["frames"].as_array().unwrap().len();
-        for (p, thread) in profiles.iter().zip(&profile.threads) {
+        // The busiest thread first (speedscope opens the first).
+        let counts: Vec<usize> = profiles
+            .iter()
+            .map(|p| p["samples"].as_array().unwrap().len())
+            .collect();
+        assert!(
+            counts.windows(2).all(|w| w[0] >= w[1]),
+            "{name}: {counts:?}"
+        );
+        assert_eq!(doc["activeProfileIndex"], 0);
+        for thread in &profile.threads {
+            let title = format!("{} [{}]", thread.name, thread.tid);
+            let p = profiles.iter().find(|p| p["name"] == title).unwrap();
             assert_eq!(p["type"], "sampled");
-            assert_eq!(p["name"], format!("{} [{}]", thread.name, thread.tid));
             let samples = p["samples"].as_array().unwrap();
             let weights = p["weights"].as_array().unwrap();
             assert_eq!(
@@ -98,7 +109,12 @@ fn speedscope_is_valid_and_holds_every_sample_in_time_order() {
         }
         // speedscope draws samples in the file's order and keeps no times: each
         // thread's stacks must come as its samples do, sorted by time.
-        for (i, p) in profiles.iter().enumerate() {
+        for p in profiles {
+            let i = profile
+                .threads
+                .iter()
+                .position(|t| p["name"] == format!("{} [{}]", t.name, t.tid))
+                .unwrap();
             assert_eq!(
                 speedscope_stacks(&doc, p),
                 stacks_in_time_order(&profile, i),

@@ -152,13 +152,18 @@ pub fn write_diff_flamegraph(
 ) -> io::Result<()> {
     let lines = diff_folded_lines(before, after, opts)?;
     let title = format!(
-        "Differential: {} → {} (red grew, blue shrank; {} → {} samples, normalised)",
-        super::command(before),
-        super::command(after),
+        "Differential: {} → {}, {} → {} samples",
+        super::ellipsize(&super::program(before), 28),
+        super::ellipsize(&super::program(after), 28),
         before.stats.samples,
         after.stats.samples
     );
-    flamegraph::draw(&lines, title, "samples", out)
+    let subtitle = format!(
+        "red grew, blue shrank (shares of all samples); before: {}; after: {}",
+        super::command(before),
+        super::command(after)
+    );
+    flamegraph::draw(&lines, title, Some(subtitle), "samples", out)
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
     // (none claimed when the period is unknown).
     let cpu_delta = period_ns.map_or(CpuDelta::ZERO, CpuDelta::from_nanos);
     let names: Vec<StringHandle> = profile
-        .display_names()
+        .app_names()
         .iter()
         .map(|n| fx.intern_string(n))
         .collect();
@@ -482,7 +482,7 @@ mod tests {
             [vec![
                 "[truncated] (Other)",
                 "main (C / native)",
-                "do_syscall_64_[k] (Kernel)"
+                "do_syscall_64 (Kernel)"
             ]]
         );
         assert_eq!(

@@ -79,6 +79,44 @@ pub(crate) fn command(profile: &crate::Profile) -> String {
     }
 }
 
+/// Who was recorded, short enough for a title: the command lrec ran (after `--`, each
+/// path as its file name), else the target's main thread and pid.
+pub(crate) fn program(profile: &crate::Profile) -> String {
+    let words = &profile.header.command_line;
+    if let Some(at) = words.iter().position(|w| w == "--") {
+        let cmd: Vec<&str> = words[at + 1..]
+            .iter()
+            .map(|w| match w.starts_with('-') {
+                true => w.as_str(),
+                false => w.rsplit('/').next().unwrap_or(w),
+            })
+            .collect();
+        if !cmd.is_empty() {
+            return ellipsize(&cmd.join(" "), 48);
+        }
+    }
+    let pid = profile.header.target_pid;
+    match profile.threads.iter().find(|t| t.tid == pid) {
+        Some(t) => ellipsize(&format!("{} (pid {pid})", t.name), 48),
+        None if pid != 0 => format!("pid {pid}"),
+        None => "lrec profile".to_owned(),
+    }
+}
+
+/// `text` cut in the middle with `…` to at most `max` characters.
+pub(crate) fn ellipsize(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max || max < 3 {
+        return text.to_owned();
+    }
+    let head = (max - 1) / 2;
+    let tail = max - 1 - head;
+    let mut out: String = text.chars().take(head).collect();
+    out.push('…');
+    out.extend(text.chars().skip(n - tail));
+    out
+}
+
 /// Builders of the renderers' test profiles.
 #[cfg(test)]
 pub(crate) mod test_util {

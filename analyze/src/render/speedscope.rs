@@ -79,7 +79,7 @@ fn file(profile: &Profile) -> File<'_> {
     for s in &profile.samples {
         by_thread[s.thread].push(s);
     }
-    let profiles = profile
+    let mut profiles: Vec<SampledProfile> = profile
         .threads
         .iter()
         .zip(by_thread)
@@ -111,22 +111,21 @@ fn file(profile: &Profile) -> File<'_> {
             }
         })
         .collect();
-    // speedscope opens the busiest thread first.
-    let active_profile_index = profile
-        .threads
-        .iter()
-        .enumerate()
-        .max_by_key(|(i, t)| (t.samples, std::cmp::Reverse(*i)))
-        .map_or(0, |(i, _)| i);
+    // speedscope lists the profiles in this order and opens the first: the busiest
+    // thread first, not a main thread that only waited (stable: ties keep thread order).
+    profiles.sort_by_key(|p| std::cmp::Reverse(p.samples.len()));
     File {
         schema: SCHEMA_URL,
-        name: super::command(profile),
+        name: super::program(profile),
         exporter: format!("lanalyze {}", env!("CARGO_PKG_VERSION")),
-        active_profile_index,
+        active_profile_index: 0,
         shared: Shared { frames },
         profiles,
     }
 }
+
+/// The file of kernel frames (perf's name for the kernel's symbols).
+const KERNEL_FILE: &str = "[kernel.kallsyms]";
 
 /// Where each profile frame went in `shared.frames`.
 struct FrameIndex {
@@ -140,11 +139,15 @@ fn frame_table(profile: &Profile) -> (Vec<FrameEntry<'_>>, FrameIndex) {
     let of_frame = profile
         .frames
         .iter()
-        .zip(profile.display_names())
+        .zip(profile.app_names())
         .map(|(f, name)| {
             table.id(FrameEntry {
                 name,
-                file: f.module.as_deref(),
+                // Kernel code: named bare, marked by its file as perf's importer does.
+                file: match f.kind {
+                    FrameKind::Kernel => Some(KERNEL_FILE),
+                    _ => f.module.as_deref(),
+                },
                 // Where the Lua function is defined (0: unknown).
                 line: f
                     .lines
@@ -225,6 +228,20 @@ mod tests {
     }
 
     #[test]
+    fn the_busiest_thread_comes_first_and_is_opened() {
+        // A main thread that only waited (1 sample) before a busy one (3).
+        let mut p = profile();
+        p.threads.swap(0, 1);
+        for s in &mut p.samples {
+            s.thread = 1 - s.thread;
+        }
+        let v = render(&p);
+        assert_eq!(v["activeProfileIndex"], 0);
+        assert_eq!(v["profiles"][0]["name"], "app [1]");
+        assert_eq!(v["profiles"][1]["name"], "worker [2]");
+    }
+
+    #[test]
     fn one_profile_per_thread_in_time_order_weighted_by_period() {
         let v = render(&profile());
         assert_eq!(v["$schema"], SCHEMA_URL);
@@ -236,7 +253,7 @@ mod tests {
             json!([
                 {"name": "main", "file": "app"},
                 {"name": "work app.lua:3", "file": "app.lua", "line": 3},
-                {"name": "do_syscall_64_[k]"},
+                {"name": "do_syscall_64", "file": "[kernel.kallsyms]"},
                 {"name": "[truncated]"},
             ])
         );
@@ -273,7 +290,7 @@ mod tests {
                 "main",
                 "work app.lua:3@4",
                 "work app.lua:3@5_[j]",
-                "do_syscall_64_[k]",
+                "do_syscall_64",
                 "[truncated]"
             ]
         );
