@@ -90,6 +90,7 @@ pub(crate) fn assemble(
         })
         .collect();
     let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
+    let processes = process_names(meta, &threads);
 
     let mut stats = sample_stats(&samples, meta.lost);
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
@@ -186,6 +187,7 @@ pub(crate) fn assemble(
         samples,
         frames: frames.list,
         threads,
+        processes,
         binaries,
         lua_vms,
         stats,
@@ -379,6 +381,14 @@ fn lua_function_frame(
         module,
         kind: FrameKind::Lua,
     }
+}
+
+/// The name of each process of `threads`: its main thread's (tid = pid).
+pub(crate) fn process_names(meta: &Metadata, threads: &[Thread]) -> BTreeMap<u32, String> {
+    threads
+        .iter()
+        .map(|t| (t.pid, thread_name(meta, t.pid, t.pid)))
+        .collect()
 }
 
 pub(crate) fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {

@@ -266,6 +266,9 @@ pub struct Profile {
     pub samples: Vec<ProfileSample>,
     pub frames: Vec<Frame>,
     pub threads: Vec<Thread>,
+    /// Each sampled process's name (its main thread's, else its executable's), by pid,
+    /// whether or not its main thread was sampled.
+    pub processes: BTreeMap<u32, String>,
     pub binaries: Vec<BinaryInfo>,
     pub lua_vms: Vec<LuaVmInfo>,
     pub stats: Stats,

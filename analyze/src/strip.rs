@@ -17,7 +17,7 @@ use lrec_format::{
     ResolvedFrame, ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
 };
 
-use crate::assemble::{index_threads, sample_stats, thread_name};
+use crate::assemble::{index_threads, process_names, sample_stats, thread_name};
 use crate::metadata::Metadata;
 use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd};
 use crate::Options;
@@ -34,6 +34,10 @@ pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatEr
         names.extend(l.thread_names.iter().map(|(&key, name)| (key, name)));
     }
     names.extend(profile.threads.iter().map(|t| ((t.pid, t.tid), &t.name)));
+    // Each process's name, also when its main thread was not sampled.
+    for (&pid, name) in &profile.processes {
+        names.entry((pid, pid)).or_insert(name);
+    }
     for ((pid, tid), name) in names {
         let name = name.clone();
         w.push(&ThreadName { pid, tid, name }.into())?;
@@ -108,6 +112,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         samples.push(profile_sample(s));
     }
     let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
+    let processes = process_names(meta, &threads);
     let mut warnings = summary.warnings;
     warnings.extend(meta.read_warnings.iter().map(|w| crate::Warning {
         message: w.to_string(),
@@ -127,6 +132,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         samples,
         frames,
         threads,
+        processes,
         binaries: summary.binaries,
         lua_vms: summary.lua_vms,
         warnings,

@@ -42,7 +42,7 @@ fn firefox_profile(profile: &Profile) -> FxProfile {
     }
     let categories = Categories::add(&mut fx);
     let tracks = tracks(profile);
-    let threads = add_threads(&tracks, &clock, &mut fx);
+    let threads = add_threads(profile, &tracks, &clock, &mut fx);
 
     // cpu-clock fires only while the thread runs: each sample is one period on the CPU
     // (none claimed when the period is unknown).
@@ -248,17 +248,27 @@ fn tracks(profile: &Profile) -> Vec<Track<'_>> {
     tracks
 }
 
-/// A process per pid (named after its main thread) and a thread per track, in order.
-fn add_threads(tracks: &[Track], clock: &Clock, fx: &mut FxProfile) -> Vec<ThreadHandle> {
+/// A process per pid (named as the process is) and a thread per track, in order.
+fn add_threads(
+    profile: &Profile,
+    tracks: &[Track],
+    clock: &Clock,
+    fx: &mut FxProfile,
+) -> Vec<ThreadHandle> {
     let mut processes: BTreeMap<u32, ProcessHandle> = BTreeMap::new();
     tracks
         .iter()
         .map(|t| {
             let process = *processes.entry(t.pid).or_insert_with(|| {
+                // The process's own name, not a thread's: its main thread may not have run.
                 let of_pid = || tracks.iter().filter(|u| u.pid == t.pid);
-                let main = of_pid().find(|u| u.tid == u.pid).unwrap_or(t);
+                let main = of_pid().find(|u| u.tid == u.pid).map(|u| u.name);
+                let name = match profile.processes.get(&t.pid) {
+                    Some(name) => name.as_str(),
+                    None => main.unwrap_or(t.name),
+                };
                 let start = of_pid().map(|u| u.first_ns).min().unwrap_or(u64::MAX);
-                fx.add_process(main.name, t.pid, clock.at(start))
+                fx.add_process(name, t.pid, clock.at(start))
             });
             let thread = fx.add_thread(process, t.tid, clock.at(t.first_ns), t.tid == t.pid);
             fx.set_thread_name(thread, t.name);
@@ -441,13 +451,22 @@ mod tests {
             (Some("worker"), Some("app"))
         );
         assert_eq!(worker["isMainThread"], false);
-        // A process whose main thread was never sampled is named after its threads.
+        // A process whose main thread was never sampled: named after a thread only when
+        // the capture does not name the process.
         let helper = thread_by_tid(&v, "6");
         assert_eq!(
             (helper["pid"].as_str(), helper["processName"].as_str()),
             (Some("5"), Some("helper"))
         );
         assert_eq!(helper["isMainThread"], false);
+        let mut p = profile();
+        p.processes.insert(5, "lua-host".into());
+        let v = render(&p);
+        let helper = thread_by_tid(&v, "6");
+        assert_eq!(
+            (helper["name"].as_str(), helper["processName"].as_str()),
+            (Some("helper"), Some("lua-host"))
+        );
     }
 
     #[test]
