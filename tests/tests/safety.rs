@@ -21,6 +21,11 @@ fn lrec(out: &Path, args: &[&str], script: &str, env: &[(&str, &str)]) -> Output
         .unwrap()
 }
 
+fn succeeded(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lrec failed: {stderr}");
+}
+
 fn refused(what: &str, out: &Output, says: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{what}: lrec succeeded: {stderr}");
@@ -81,8 +86,8 @@ fn outputs_are_never_written_through_links_or_onto_foreign_files() {
     // A capture: replaced by the next recording; lanalyze refuses the same things.
     let cap = dir.join("cap.lrec");
     let busy = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done";
-    assert!(lrec(&cap, &[], busy, &[]).status.success());
-    assert!(lrec(&cap, &[], busy, &[]).status.success());
+    succeeded(&lrec(&cap, &[], busy, &[]));
+    succeeded(&lrec(&cap, &[], busy, &[]));
     for target in [&link, &victim] {
         let out = Command::new(bin("lanalyze"))
             .arg(&cap)
@@ -124,29 +129,17 @@ fn under_sudo_the_capture_belongs_to_the_user_and_user_runs_the_command_as_one()
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cap = dir.join("mine.lrec");
     let sudo = [("SUDO_UID", "65534"), ("SUDO_GID", "65534")];
-    let out = lrec(&cap, &[], "id -u > /dev/null", &sudo);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&lrec(&cap, &[], "id -u > /dev/null", &sudo));
     let meta = std::fs::metadata(&cap).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
     assert_eq!(mode(&cap), 0o600);
     // lanalyze's outputs too.
     let folded = dir.join("mine.folded");
-    let out = Command::new(bin("lanalyze"))
+    run(Command::new(bin("lanalyze"))
         .arg(&cap)
         .args(["--folded", "-o"])
         .arg(&folded)
-        .envs(sudo)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .envs(sudo));
     assert_eq!(std::fs::metadata(&folded).unwrap().uid(), 65534);
 
     // --user: the command runs as that user (its `id -u` says so), lrec stays root.
@@ -155,12 +148,7 @@ fn under_sudo_the_capture_belongs_to_the_user_and_user_runs_the_command_as_one()
     std::fs::set_permissions(&ids, std::fs::Permissions::from_mode(0o666)).unwrap();
     let script = format!("id -u > {} && id -g >> {}", ids.display(), ids.display());
     let as_nobody = dir.join("nobody.lrec");
-    let out = lrec(&as_nobody, &["--user", "nobody"], &script, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&lrec(&as_nobody, &["--user", "nobody"], &script, &[]));
     let text = std::fs::read_to_string(&ids).unwrap();
     assert_eq!(text.lines().next(), Some("65534"), "{text}");
     let out = lrec(
