@@ -190,9 +190,23 @@ fn stripped_code_is_timed_by_address() {
         .find(|r| r["function"] == format!("latency-stripped:{addr:#x}"))
         .unwrap_or_else(|| panic!("{rows:?}"));
     assert_eq!(row["count"], t["calls"]);
-    for q in ["p50_us", "p99_us"] {
-        within(num(row, q), t[q].parse().unwrap(), 0.10, q);
-    }
+    // 21 calls of 1 ms and 20 of 10 ms: the median is the longest 1 ms call. The workload
+    // times each call around it, lrec between its probes inside it, so a preemption just
+    // outside the function (a loaded CI machine once added 160 µs there) stretches the
+    // truth's longest 1 ms call and not lrec's: the median lies between the 1 ms the
+    // function spins and the truth's.
+    let (got, want) = (num(row, "p50_us"), t["p50_us"].parse::<f64>().unwrap());
+    eprintln!("p50_us: {got:.1} vs truth {want:.1} (between 960: 1 ms less a bucket, and the truth + 10 %)");
+    assert!(
+        (960.0..=want * 1.10).contains(&got),
+        "p50_us: {got}, truth {want}"
+    );
+    within(
+        num(row, "p99_us"),
+        t["p99_us"].parse().unwrap(),
+        0.10,
+        "p99_us",
+    );
     // An address inside a function is refused: a return probe there would corrupt the
     // target's stack.
     let stderr = String::from_utf8_lossy(&out.stderr);
