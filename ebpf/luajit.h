@@ -10,6 +10,7 @@
 #define LREC_LUAJIT_H
 
 #include "sample.h"
+#include "lua_protos.h"
 
 #define LJ_FRAME_LUA 0
 #define LJ_FRAME_C 1
@@ -54,6 +55,8 @@ struct lj_snapshot {
 	__u8 nslots, topslot, nent, count;
 };
 _Static_assert(sizeof(struct lj_snapshot) == 12, "SnapShot is 12 bytes");
+
+#define LJ_WIN 512
 
 /* The walk's state: too big for the 512-byte BPF stack, and shared with bpf_loop
  * callbacks. */
@@ -109,6 +112,10 @@ struct lua_work {
 	__u16 jf_cont[LREC_JIT_FRAMES]; /* and its caller's PC under a metamethod (GC64) */
 	__u8 tr[136];       /* the GCtrace (120 bytes at most) and slack */
 	__u32 map[LREC_JIT_MAP]; /* the snapshot's map */
+	/* LJ_WIN bytes of the Lua stack from win_lo (0: none), read at once: the walk goes
+	 * down the stack a frame at a time (lj_stack_word). */
+	__u64 win_lo;
+	__u8 win[LJ_WIN + 8];
 };
 
 struct {
@@ -117,38 +124,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct lua_work);
 } lua_work_map SEC(".maps");
-
-/* Protos already copied out: (tgid, address, chunk name, first line, line count, size). */
-struct lua_proto_key {
-	__u32 tgid;
-	__s32 firstline;
-	__u64 ptr;
-	__u64 chunkname;
-	__u32 numline;
-	__u32 sizebc;
-	__u32 name_id;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct lua_proto_key);
-	__type(value, __u32);
-} lua_protos_seen SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 20); /* a proto's copy once: ~5 KiB each */
-} lua_protos SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lrec_lua_proto);
-} lua_proto_buf SEC(".maps");
-
 
 static __always_inline struct lua_work *lua_work(void)
 {
@@ -171,6 +146,41 @@ static __always_inline __u32 rd32(__u64 addr)
 }
 
 /* A GCRef or MRef is 64 bits in GC64 builds, 32 bits otherwise: its size, and one read. */
+/* The word at addr (8-byte aligned) of the Lua stack being walked, from the window of it
+ * read last, else from a new window ending at addr + 8 (not below the stack's start):
+ * one read for the frames of a few hundred bytes of stack. */
+static __always_inline __u64 lj_stack_word(struct lua_work *w, __u64 addr)
+{
+	if (addr < w->win_lo || addr + 8 > w->win_lo + LJ_WIN) {
+		__u64 lo = addr + 8 > LJ_WIN ? addr + 8 - LJ_WIN : 0;
+		if (lo < w->stack)
+			lo = w->stack;
+		if (addr < lo || bpf_probe_read_user(w->win, LJ_WIN, (void *)lo)) {
+			w->win_lo = 0;
+			return rd64(addr);
+		}
+		w->win_lo = lo;
+	}
+	__u64 off = addr - w->win_lo;
+	if (off > LJ_WIN - 8 || (off & 7))
+		return rd64(addr);
+	return *(__u64 *)&w->win[off & (LJ_WIN - 1)];
+}
+
+/* The function and the link of the frame at w->frame. */
+static __always_inline void lj_frame(struct lua_work *w, __u64 *func, __u64 *link)
+{
+	if (w->cfg.gc64) {
+		/* The link first: a new window ends right above it, the function below. */
+		*link = lj_stack_word(w, w->frame);
+		*func = lj_stack_word(w, w->frame - 8) & LJ_GCVMASK;
+	} else {
+		__u64 slot = lj_stack_word(w, w->frame);
+		*func = (__u32)slot;
+		*link = (__u64)(__s64)(__s32)(slot >> 32);
+	}
+}
+
 static __always_inline __u32 lj_refsize(struct lua_work *w)
 {
 	return w->cfg.gc64 ? 8 : 4;
@@ -270,6 +280,7 @@ static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 stack, 
 	w->bot = w->stack + (w->cfg.gc64 ? 8 : 0);
 	w->frame = base - 8;
 	w->pc = pc;
+	w->win_lo = 0;
 }
 
 /* At the bottom of a coroutine: coroutine.resume and coroutine.wrap's functions call
@@ -290,46 +301,6 @@ static __always_inline int lua_parent(struct lua_work *w)
 	w->cf_last = pcf;
 	lua_start(w, pl, rdref(w, pl + w->cfg.l_stack), rd64(pl + w->cfg.l_base), 0);
 	return 1;
-}
-
-/* The proto record to fill for frame f, or NULL when this proto was copied already; k
- * receives the proto's key for lua_proto_commit. Both VMs' walkers (here and puc.h) key
- * protos alike. */
-static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_key *k,
-							      __u32 tgid,
-							      struct lrec_lua_frame *f)
-{
-	*k = (struct lua_proto_key){
-		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
-		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-		.name_id = f->name_id,
-	};
-	if (bpf_map_lookup_elem(&lua_protos_seen, k))
-		return NULL;
-	__u32 zero = 0;
-	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
-	if (!p)
-		return NULL;
-	p->tgid = tgid;
-	p->ptr = f->ptr;
-	p->chunkname = f->chunkname;
-	p->firstline = f->firstline;
-	p->numline = f->numline;
-	p->sizebc = f->sizebc;
-	p->name_id = f->name_id;
-	p->chunkname_len = 0;
-	p->lineinfo_len = 0;
-	p->abs_len = 0;
-	return p;
-}
-
-/* Sends a filled proto record and remembers it (its key k) as copied. */
-static __always_inline void lua_proto_commit(struct lrec_lua_proto *p, struct lua_proto_key *k)
-{
-	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
-		return;
-	__u32 one = 1;
-	bpf_map_update_elem(&lua_protos_seen, k, &one, BPF_ANY);
 }
 
 /* Copies a proto's chunk name and line table out the first time a sample runs it. */
@@ -485,17 +456,7 @@ static long lua_step(__u64 i, void *unused)
 		return lua_parent(w) ? 0 : 1;
 	struct lrec_lua_config *c = &w->cfg;
 	__u64 func, link;
-	if (c->gc64) {
-		/* The function and the link, in one read. */
-		__u64 slots[2] = {};
-		bpf_probe_read_user(slots, sizeof(slots), (void *)(w->frame - 8));
-		func = slots[0] & LJ_GCVMASK;
-		link = slots[1];
-	} else {
-		__u64 slot = rd64(w->frame);
-		func = (__u32)slot;
-		link = (__u64)(__s64)(__s32)(slot >> 32);
-	}
+	lj_frame(w, &func, &link);
 	__u64 type = link & 3, typep = link & 7;
 	__u64 delta = link & ~7ULL;
 	/* C frames without a Lua frame of their own (cpcall: lua_load, the trace
@@ -553,11 +514,13 @@ static long lua_step(__u64 i, void *unused)
 		/* An FFI callback's frame (lj_ccallback.c: continuation LJ_CONT_FFI_CALLBACK)
 		 * was entered from C through its own C frame, as lua_call's; else a metamethod
 		 * called by the VM, which keeps the caller's PC in the frame. */
-		__u64 contv = c->gc64 ? rd64(w->frame - 24) : rd32(w->frame - 8);
+		__u64 contv = c->gc64 ? lj_stack_word(w, w->frame - 24)
+				      : (__u32)lj_stack_word(w, w->frame - 8);
 		if (contv == LJ_CONT_FFI_CALLBACK)
 			c_entry = 1;
 		else
-			cont = c->gc64 ? rd64(w->frame - 16) : rd64(w->frame - 8) >> 32;
+			cont = c->gc64 ? lj_stack_word(w, w->frame - 16)
+				       : lj_stack_word(w, w->frame - 8) >> 32;
 	}
 	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
@@ -594,19 +557,11 @@ static long lua_cb_step(__u64 i, void *unused)
 	if (!w || w->frame <= w->bot)
 		return 1;
 	__u64 func, link;
-	if (w->cfg.gc64) {
-		__u64 slots[2] = {};
-		bpf_probe_read_user(slots, sizeof(slots), (void *)(w->frame - 8));
-		func = slots[0] & LJ_GCVMASK;
-		link = slots[1];
-	} else {
-		__u64 slot = rd64(w->frame);
-		func = (__u32)slot;
-		link = (__u64)(__s64)(__s32)(slot >> 32);
-	}
+	lj_frame(w, &func, &link);
 	__u64 typep = link & 7, delta = link & ~7ULL;
 	if (typep == LJ_FRAME_CONT && func != w->l) {
-		__u64 contv = w->cfg.gc64 ? rd64(w->frame - 24) : rd32(w->frame - 8);
+		__u64 contv = w->cfg.gc64 ? lj_stack_word(w, w->frame - 24)
+					  : (__u32)lj_stack_word(w, w->frame - 8);
 		if (contv == LJ_CONT_FFI_CALLBACK) {
 			w->cb_seen = 1; /* the callback's frame: it runs */
 			return 1;
@@ -719,7 +674,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 		return lua_suspended_stack(b, w, offset);
 	if (!lua_find(w, r, tid))
 		return 0;
-	bpf_map_update_elem(&lua_thread_vm, &tid, &w->g, BPF_ANY);
+	note_thread_vm(&lua_thread_vm, tid, w->g);
 	__u64 cf0 = w->cf;
 	w->cf_last = w->cf;
 

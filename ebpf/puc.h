@@ -15,6 +15,7 @@
 #define LREC_PUC_H
 
 #include "sample.h"
+#include "lua_protos.h"
 
 /* Most coroutines descended into (resumers and the running one). */
 #define LREC_PUC_MAX_THREADS 8
@@ -549,7 +550,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 		return 0;
 	w->bottoms[0] = 0;
 	bpf_loop(LREC_PUC_MAX_THREADS, puc_bottom, NULL, 0);
-	bpf_map_update_elem(&puc_thread_vm, &tid, &w->g, BPF_ANY);
+	note_thread_vm(&puc_thread_vm, tid, w->g);
 
 	w->t = n - 1;
 	if (!puc_enter(w))

@@ -150,6 +150,19 @@ static long copy_page(__u64 i, struct copy_ctx *c)
 	return 0;
 }
 
+/* Remembers g as the VM thread tid ran (map: lua_thread_vm or puc_thread_vm). Most
+ * samples find it there already: a lookup then, no LRU update. */
+static __always_inline void note_thread_vm(void *map, __u32 tid, __u64 g)
+{
+	__u64 *v = bpf_map_lookup_elem(map, &tid);
+	if (v) {
+		if (*v != g)
+			*v = g;
+		return;
+	}
+	bpf_map_update_elem(map, &tid, &g, BPF_ANY);
+}
+
 #include "luajit.h"
 #include "puc.h"
 

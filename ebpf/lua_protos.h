@@ -1,0 +1,117 @@
+/* The protos (function prototypes) both Lua walkers (luajit.h, puc.h) copy out: each one
+ * once per process, keyed by the fields that tell a proto apart from one a collected
+ * proto's address was reused for (address, chunk name, first line, line count, size).
+ * lrec reads the copies from the lua_protos ring before the samples that name them. */
+#ifndef LREC_LUA_PROTOS_H
+#define LREC_LUA_PROTOS_H
+
+#include "sample.h"
+
+/* Protos already copied out: (tgid, address, chunk name, first line, line count, size). */
+struct lua_proto_key {
+	__u32 tgid;
+	__s32 firstline;
+	__u64 ptr;
+	__u64 chunkname;
+	__u32 numline;
+	__u32 sizebc;
+	__u32 name_id;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct lua_proto_key);
+	__type(value, __u32);
+} lua_protos_seen SEC(".maps");
+
+/* In front of lua_protos_seen, per CPU: the keys seen last, direct-mapped by address. A
+ * hit costs a few compares where the LRU hash costs a hash of the key and a lookup, for
+ * each frame of each sample. (An entry the LRU evicted stays here: its proto was sent.) */
+#define LUA_SEEN_CACHE 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LUA_SEEN_CACHE);
+	__type(key, __u32);
+	__type(value, struct lua_proto_key);
+} lua_seen_cache SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* a proto's copy once: ~5 KiB each */
+} lua_protos SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lrec_lua_proto);
+} lua_proto_buf SEC(".maps");
+
+/* This CPU's cache entry for key k. */
+static __always_inline struct lua_proto_key *lua_seen_slot(struct lua_proto_key *k)
+{
+	__u32 i = ((__u32)(k->ptr >> 3) ^ (__u32)(k->ptr >> 13)) & (LUA_SEEN_CACHE - 1);
+	return bpf_map_lookup_elem(&lua_seen_cache, &i);
+}
+
+/* Whether the proto of key k was copied out already. */
+static __always_inline int lua_proto_seen(struct lua_proto_key *k)
+{
+	struct lua_proto_key *c = lua_seen_slot(k);
+	if (c && c->ptr == k->ptr && c->tgid == k->tgid && c->firstline == k->firstline &&
+	    c->chunkname == k->chunkname && c->numline == k->numline &&
+	    c->sizebc == k->sizebc && c->name_id == k->name_id)
+		return 1;
+	if (!bpf_map_lookup_elem(&lua_protos_seen, k))
+		return 0;
+	if (c)
+		*c = *k;
+	return 1;
+}
+
+/* The proto record to fill for frame f, or NULL when this proto was copied already; k
+ * receives the proto's key for lua_proto_commit. Both VMs' walkers (here and puc.h) key
+ * protos alike. */
+static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_key *k,
+							      __u32 tgid,
+							      struct lrec_lua_frame *f)
+{
+	*k = (struct lua_proto_key){
+		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+		.name_id = f->name_id,
+	};
+	if (lua_proto_seen(k))
+		return NULL;
+	__u32 zero = 0;
+	struct lrec_lua_proto *p = bpf_map_lookup_elem(&lua_proto_buf, &zero);
+	if (!p)
+		return NULL;
+	p->tgid = tgid;
+	p->ptr = f->ptr;
+	p->chunkname = f->chunkname;
+	p->firstline = f->firstline;
+	p->numline = f->numline;
+	p->sizebc = f->sizebc;
+	p->name_id = f->name_id;
+	p->chunkname_len = 0;
+	p->lineinfo_len = 0;
+	p->abs_len = 0;
+	return p;
+}
+
+/* Sends a filled proto record and remembers it (its key k) as copied. */
+static __always_inline void lua_proto_commit(struct lrec_lua_proto *p, struct lua_proto_key *k)
+{
+	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
+		return;
+	__u32 one = 1;
+	bpf_map_update_elem(&lua_protos_seen, k, &one, BPF_ANY);
+	struct lua_proto_key *c = lua_seen_slot(k);
+	if (c)
+		*c = *k;
+}
+
+#endif
