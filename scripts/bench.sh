@@ -99,7 +99,7 @@ for case in "${CASES[@]}"; do
     t0=$(now)
     ./target/release/lrec -F 999 -o "$OUT/lua.lrec" -- $cmd $CHAINS 0 "$rounds" >/dev/null 2>"$OUT/lrec.err"
     t1=$(now); awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }' >>"$OUT/lrec.t"
-    grep 'BPF sampler' "$OUT/lrec.err" | grep -o '[0-9.]* us per run' | awk '{print $1}' >>"$OUT/bpf.t" || true
+    grep 'BPF sampler' "$OUT/lrec.err" | grep -o '[0-9.]* us per sample' | awk '{print $1}' >>"$OUT/bpf.t" || true
     wall perf record -q -F 999 --call-graph dwarf,16384 -o "$OUT/lua.perf" -- $cmd $CHAINS 0 "$rounds" >>"$OUT/perf.t"
   done
   b=$(median <"$OUT/bare.t"); l=$(median <"$OUT/lrec.t"); p=$(median <"$OUT/perf.t")

@@ -68,7 +68,7 @@ def lrec_window(pid, args, out):
     t1, cpu = time.monotonic(), children_cpu() - c0
     if p.returncode != 0:
         sys.exit(f"lrec failed: {p.stderr}")
-    bpf = re.search(r"BPF sampler: \d+ runs, ([0-9.]+) us per run", p.stderr)
+    bpf = re.search(r"BPF sampler: .* ([0-9.]+) us per sample", p.stderr)
     info = subprocess.run([LANALYZE, out, "--info"], capture_output=True, text=True).stdout
     total = int(re.search(r"total:\s+(\d+)", info).group(1))
     lost = int(re.search(r"lost:\s+(\d+)", info).group(1))

@@ -102,11 +102,18 @@ impl Summary {
         );
         print_next(output);
         for (name, runs, time) in bpf_cost {
+            let us = time.as_nanos() as f64 / 1000.0;
+            // The sampler also runs for other processes' and idle CPUs' ticks, which it
+            // leaves at once: what a recorded sample costs is its time over them.
+            let per_sample = match (name, self.samples) {
+                ("sample", n) if n > 0 => format!(", {:.2} us per sample", us / n as f64),
+                _ => String::new(),
+            };
             let name = if name == "sample" { "sampler" } else { name };
             eprintln!(
-                "lrec: BPF {name}: {runs} runs, {:.2} us per run, {:.3} s in all \
+                "lrec: BPF {name}: {runs} runs, {:.2} us per run{per_sample}, {:.3} s in all \
                  (kernel.bpf_stats_enabled)",
-                time.as_nanos() as f64 / runs as f64 / 1000.0,
+                us / runs as f64,
                 time.as_secs_f64()
             );
         }
