@@ -11,6 +11,7 @@
 
 #include "sample.h"
 #include "lua_protos.h"
+#include "window.h"
 
 #define LJ_FRAME_LUA 0
 #define LJ_FRAME_C 1
@@ -55,8 +56,6 @@ struct lj_snapshot {
 	__u8 nslots, topslot, nent, count;
 };
 _Static_assert(sizeof(struct lj_snapshot) == 12, "SnapShot is 12 bytes");
-
-#define LJ_WIN 512
 
 /* The walk's state: too big for the 512-byte BPF stack, and shared with bpf_loop
  * callbacks. */
@@ -112,10 +111,9 @@ struct lua_work {
 	__u16 jf_cont[LREC_JIT_FRAMES]; /* and its caller's PC under a metamethod (GC64) */
 	__u8 tr[136];       /* the GCtrace (120 bytes at most) and slack */
 	__u32 map[LREC_JIT_MAP]; /* the snapshot's map */
-	/* LJ_WIN bytes of the Lua stack from win_lo (0: none), read at once: the walk goes
-	 * down the stack a frame at a time (lj_stack_word). */
-	__u64 win_lo;
-	__u8 win[LJ_WIN + 8];
+	/* The Lua stack, read a window at a time: the walk goes down it a frame at a time
+	 * (lj_stack_word). */
+	struct window win;
 };
 
 struct {
@@ -145,26 +143,14 @@ static __always_inline __u32 rd32(__u64 addr)
 	return v;
 }
 
-/* A GCRef or MRef is 64 bits in GC64 builds, 32 bits otherwise: its size, and one read. */
-/* The word at addr (8-byte aligned) of the Lua stack being walked, from the window of it
- * read last, else from a new window ending at addr + 8 (not below the stack's start):
- * one read for the frames of a few hundred bytes of stack. */
+/* The word at addr (8-byte aligned) of the Lua stack being walked, from a window of it
+ * (not below the stack's start): one read for the frames of a few hundred bytes. */
 static __always_inline __u64 lj_stack_word(struct lua_work *w, __u64 addr)
 {
-	if (addr < w->win_lo || addr + 8 > w->win_lo + LJ_WIN) {
-		__u64 lo = addr + 8 > LJ_WIN ? addr + 8 - LJ_WIN : 0;
-		if (lo < w->stack)
-			lo = w->stack;
-		if (addr < lo || bpf_probe_read_user(w->win, LJ_WIN, (void *)lo)) {
-			w->win_lo = 0;
-			return rd64(addr);
-		}
-		w->win_lo = lo;
-	}
-	__u64 off = addr - w->win_lo;
-	if (off > LJ_WIN - 8 || (off & 7))
+	int off = window_at(&w->win, addr, 8, w->stack);
+	if (off < 0)
 		return rd64(addr);
-	return *(__u64 *)&w->win[off & (LJ_WIN - 1)];
+	return *(__u64 *)&w->win.buf[off & (WINDOW - 1)];
 }
 
 /* The function and the link of the frame at w->frame. */
@@ -181,6 +167,7 @@ static __always_inline void lj_frame(struct lua_work *w, __u64 *func, __u64 *lin
 	}
 }
 
+/* A GCRef or MRef is 64 bits in GC64 builds, 32 bits otherwise: its size, and one read. */
 static __always_inline __u32 lj_refsize(struct lua_work *w)
 {
 	return w->cfg.gc64 ? 8 : 4;
@@ -280,7 +267,7 @@ static __always_inline void lua_start(struct lua_work *w, __u64 l, __u64 stack, 
 	w->bot = w->stack + (w->cfg.gc64 ? 8 : 0);
 	w->frame = base - 8;
 	w->pc = pc;
-	w->win_lo = 0;
+	w->win.lo = 0;
 }
 
 /* At the bottom of a coroutine: coroutine.resume and coroutine.wrap's functions call

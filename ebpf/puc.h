@@ -16,6 +16,7 @@
 
 #include "sample.h"
 #include "lua_protos.h"
+#include "window.h"
 
 /* Most coroutines descended into (resumers and the running one). */
 #define LREC_PUC_MAX_THREADS 8
@@ -43,6 +44,7 @@ struct {
 
 #define PUC_LS 256 /* bytes of lua_State read: every field used lies below */
 #define PUC_CI 128 /* (powers of two above sizeof: offsets are masked) */
+_Static_assert(PUC_CI <= WINDOW_PIECE, "a CallInfo is a window's piece");
 #define PUC_PT 256
 
 struct puc_work {
@@ -66,8 +68,13 @@ struct puc_work {
 	__u8 ls[PUC_LS + 8];
 	__u8 cib[PUC_CI + 8];
 	__u8 tv[24];
+	__u8 cl[128];    /* 5.1: a closure's header, up to its proto (64 bytes at most) */
 	__u8 pt[PUC_PT + 8];
 	__u8 str[40];
+	/* The CallInfos and the Lua stacks, read a window at a time: the walk goes down both
+	 * a frame at a time (5.1's CallInfos are an array; later ones are allocated one
+	 * after another, mostly in a row). */
+	struct window ciw, stw;
 };
 
 struct {
@@ -410,7 +417,10 @@ static long puc_step(__u64 i, void *unused)
 		w->flags |= LREC_LUA_TRUNCATED;
 		return 1;
 	}
-	if (bpf_probe_read_user(w->cib, c->ci_size & (PUC_CI - 1), (void *)w->ci)) {
+	int off = window_at(&w->ciw, w->ci, c->ci_size & (PUC_CI - 1),
+			    c->version == 501 ? w->base_ci : 0);
+	if (!window_copy(&w->ciw, off, (__u64 *)w->cib, PUC_CI / 8) &&
+	    bpf_probe_read_user(w->cib, c->ci_size & (PUC_CI - 1), (void *)w->ci)) {
 		w->flags |= LREC_LUA_BROKEN;
 		return 1;
 	}
@@ -421,17 +431,41 @@ static long puc_step(__u64 i, void *unused)
 		status &= 0xff;
 	else if (c->callstatus_size == 2)
 		status &= 0xffff;
-	if (!puc_user_ptr(func) || bpf_probe_read_user(w->tv, 16, (void *)func)) {
+	if (!puc_user_ptr(func)) {
+		w->flags |= LREC_LUA_BROKEN;
+		return 1;
+	}
+	off = window_at(&w->stw, func, 16, 0);
+	if (!window_copy(&w->stw, off, (__u64 *)w->tv, 2) &&
+	    bpf_probe_read_user(w->tv, 16, (void *)func)) {
 		w->flags |= LREC_LUA_BROKEN;
 		return 1;
 	}
 	__u64 v = *(__u64 *)&w->tv[0];
 	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
-	int lua;
-	if (c->version == 501)
-		lua = tt == c->tag_lcl && !(rd32(v + c->cl_isc) & 0xff);
-	else
-		lua = tt == c->tag_lcl;
+	/* A Lua function's proto; 5.1's closures say in isC whether they are C's (one read
+	 * from the header to p). */
+	__u64 pt = 0;
+	int lua = tt == c->tag_lcl;
+	if (lua && v != w->last_func) {
+		if (c->version == 501) {
+			__u32 n = c->cl_p + 8;
+			if (n > 64 || c->cl_isc >= n) {
+				w->flags |= LREC_LUA_BROKEN;
+				return 1;
+			}
+			/* Keeps the mask below for the verifier. */
+			asm volatile("" : "+r"(n));
+			if (bpf_probe_read_user(w->cl, n & 127, (void *)v)) {
+				w->flags |= LREC_LUA_BROKEN;
+				return 1;
+			}
+			lua = !w->cl[c->cl_isc & 63];
+			pt = *(__u64 *)&w->cl[c->cl_p & 63];
+		} else {
+			pt = rd64(v + c->cl_p);
+		}
+	}
 	if (c->version == 501) {
 		/* The frame above learns from this one whether it began a luaV_execute. */
 		puc51_link(w, b, lua, savedpc);
@@ -460,7 +494,6 @@ static long puc_step(__u64 i, void *unused)
 	}
 	f->ffid = 0;
 	if (v != w->last_func) {
-		__u64 pt = rd64(v + c->cl_p);
 		if (pt != w->last_pt) {
 			if (!puc_user_ptr(pt) ||
 			    bpf_probe_read_user(w->pt, c->p_size & (PUC_PT - 1), (void *)pt)) {
@@ -543,6 +576,8 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_pt = 0;
 	w->last_code = 0;
 	w->last_call = 0;
+	w->ciw.lo = 0;
+	w->stw.lo = 0;
 	__u32 n = puc_cached_root(w, tid) ? puc_chain(w) : 0;
 	if (!n && puc_found_root(w, r))
 		n = puc_chain(w);

@@ -1,0 +1,60 @@
+/* A window of user memory read at once, for the Lua walks (luajit.h, puc.h): they read
+ * many small pieces of one region going down it (a Lua stack's slots, a CallInfo array),
+ * and one read of WINDOW bytes costs about what one read of 8 does. */
+#ifndef LREC_WINDOW_H
+#define LREC_WINDOW_H
+
+#include "sample.h"
+
+#define WINDOW 512
+/* The largest piece taken from a window: the buffer's slack past WINDOW. */
+#define WINDOW_PIECE 128
+_Static_assert((WINDOW & (WINDOW - 1)) == 0, "offsets in a window are masked");
+
+struct window {
+	__u64 lo; /* the address of buf[0]; 0: nothing read */
+	__u8 buf[WINDOW + WINDOW_PIECE];
+};
+
+/* The offset in win->buf of the len bytes (len <= WINDOW_PIECE) at addr: from the window
+ * read last when it holds them, else from a new one ending at addr + len and starting at
+ * floor or above (the region's start: nothing below it is read); a window reaching into
+ * an unmapped page is retried from addr's page. -1 when the bytes cannot be read so (the
+ * caller reads them alone). */
+static __always_inline int window_at(struct window *win, __u64 addr, __u32 len, __u64 floor)
+{
+	if (addr >= win->lo && win->lo && addr + len <= win->lo + WINDOW)
+		return (int)(addr - win->lo);
+	__u64 lo = addr + len > WINDOW ? addr + len - WINDOW : 0;
+	if (lo < floor)
+		lo = floor;
+	if (addr < lo || addr + len > lo + WINDOW)
+		goto fail;
+	if (bpf_probe_read_user(win->buf, WINDOW, (void *)lo)) {
+		__u64 page = addr & ~(__u64)(LREC_PAGE_SIZE - 1);
+		if (page <= lo ||
+		    bpf_probe_read_user(win->buf, WINDOW, (void *)page))
+			goto fail;
+		lo = page;
+	}
+	win->lo = lo;
+	return (int)(addr - lo);
+fail:
+	win->lo = 0;
+	return -1;
+}
+
+/* Copies the 8-byte aligned piece at offset off of win->buf (from window_at) to dst, in
+ * words: `words` of them (constant). 0 when off is not aligned (the caller reads the piece
+ * alone). */
+static __always_inline int window_copy(struct window *win, int off, __u64 *dst, int words)
+{
+	if (off < 0 || (off & 7))
+		return 0;
+	__u64 *src = (__u64 *)&win->buf[off & (WINDOW - 8)];
+	for (int i = 0; i < words; i++)
+		dst[i] = src[i];
+	return 1;
+}
+
+#endif
