@@ -308,5 +308,15 @@ if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; th
   done
   python3 scripts/cost.py --rounds "${COST_ROUNDS:-5}" --window "${COST_WINDOW:-6}" \
     --hz "${COST_HZ:-10000}" "${cases[@]}"
+  # The BPF sampler's own time per sample, from the kernel's accounting (scripts/bpf_cost.sh),
+  # median of 3 runs: steadier than the slowdown above.
+  echo
+  printf "lrec's BPF time per sample at 4999 Hz (kernel.bpf_stats_enabled), median of 3\n"
+  for c in "${cases[@]}"; do
+    label=${c%%=*}
+    read -r -a cmd <<<"${c#*=}"
+    t=$(for _ in 1 2 3; do scripts/bpf_cost.sh -- "${cmd[@]}"; done | median)
+    printf "%-24s %8s us\n" "$label" "$t"
+  done
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true
