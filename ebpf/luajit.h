@@ -114,7 +114,35 @@ struct lua_work {
 	/* The Lua stack, read a window at a time: the walk goes down it a frame at a time
 	 * (lj_stack_word). */
 	struct window win;
+	__u64 fn_addr;      /* the GCfunc in fn, and the proto whose fields are in pt (0: */
+	__u64 pt_addr;      /* none read in this sample) */
+	/* A Lua frame's caller lies below it by its call's A operand (lua_step). Taken from
+	 * lj_sites, it is checked at the frame it locates (site_check, with the callee's
+	 * frame and the caller's proto as remembered); read from the bytecode, it is
+	 * remembered once the caller is emitted (site_fill: its return PC). */
+	__u64 site_callee;
+	__u64 site_fill;
+	__u32 site_check;
+	__u32 pad5;
+	struct lua_proto_key site_key;
 };
+
+/* A call site the walk read the A operand of: its return PC, A, and the proto it lies in
+ * (a proto with these fields holds the same bytecode: the identity lua_protos_seen
+ * uses). Per CPU, direct-mapped by return PC; checked at each use. */
+struct lj_site {
+	__u64 pc;
+	__u64 a;
+	struct lua_proto_key k;
+};
+
+#define LJ_SITES 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LJ_SITES);
+	__type(key, __u32);
+	__type(value, struct lj_site);
+} lj_sites SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -316,6 +344,108 @@ static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_f
 	lua_proto_commit(p, &k);
 }
 
+/* Reads the GCfunc at func into w->fn, unless this sample read it there already. */
+static __always_inline int lj_read_fn(struct lua_work *w, __u64 func)
+{
+	if (w->fn_addr == func)
+		return 0;
+	w->fn_addr = 0;
+	if (bpf_probe_read_user(w->fn, 48, (void *)func))
+		return -1;
+	w->fn_addr = func;
+	return 0;
+}
+
+/* The key of proto pt (its fields from sizebc to numline, read into w->pt unless this
+ * sample read them already, and its chunk name's identity). */
+static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua_proto_key *k)
+{
+	struct lrec_lua_config *c = &w->cfg;
+	if (w->pt_addr != pt) {
+		w->pt_addr = 0;
+		/* One read from sizebc to numline: the fields that tell protos apart. */
+		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
+		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc)))
+			return -1;
+		w->pt_addr = pt;
+	}
+	__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
+	__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
+	k->tgid = w->tgid;
+	k->ptr = pt;
+	k->chunkname = buf_ref(w, w->pt, o_name);
+	k->firstline = *(__s32 *)&w->pt[o_line];
+	k->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
+	k->sizebc = *(__u32 *)&w->pt[0];
+	k->pad = 0;
+	/* GCstr: the string's id (2.1's sid) and hash precede its length; the frames of one
+	 * chunk share it (read once per sample). */
+	if (k->chunkname != w->last_name) {
+		__u64 id = rd64(k->chunkname + c->str_len - 8);
+		w->last_name = k->chunkname;
+		w->last_name_id = (__u32)id ^ (__u32)(id >> 32);
+	}
+	k->name_id = w->last_name_id;
+	return 0;
+}
+
+/* This CPU's lj_sites entry for return PC pc. */
+static __always_inline struct lj_site *lj_site_slot(__u64 pc)
+{
+	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LJ_SITES - 1);
+	return bpf_map_lookup_elem(&lj_sites, &i);
+}
+
+/* Whether lj_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
+ * proto in w->site_key, to be checked (lj_site_verify). */
+static __always_inline int lj_site_cached(struct lua_work *w)
+{
+	struct lj_site *s = lj_site_slot(w->pc);
+	if (!s || s->pc != w->pc || s->k.tgid != w->tgid)
+		return 0;
+	w->last_a = s->a;
+	w->site_key = s->k;
+	return 1;
+}
+
+/* Whether the frame at w->frame, located by a remembered A, is the caller: a Lua
+ * function whose proto is the remembered one (same key) and holds the return PC. Else
+ * the A was another call's, at a PC reused since. Its reads serve lua_emit next. */
+static __always_inline int lj_site_verify(struct lua_work *w)
+{
+	struct lrec_lua_config *c = &w->cfg;
+	__u64 func, link;
+	lj_frame(w, &func, &link);
+	if (!func || lj_read_fn(w, func) || w->fn[lj_gct(w)] != LJ_GCT_FUNC ||
+	    w->fn[c->fn_ffid & 63])
+		return 0;
+	__u64 bc = buf_ref(w, w->fn, c->fn_pc & 63);
+	__u64 pt = bc - c->pt_size;
+	struct lua_proto_key k;
+	if (pt != w->site_key.ptr || lj_proto_key(w, pt, &k))
+		return 0;
+	struct lua_proto_key *r = &w->site_key;
+	return k.chunkname == r->chunkname && k.firstline == r->firstline &&
+	       k.numline == r->numline && k.sizebc == r->sizebc && k.name_id == r->name_id &&
+	       w->last_call > bc && w->last_call - bc <= 4ULL * k.sizebc;
+}
+
+/* Remembers the call read at return PC w->site_fill, now that its caller f is emitted
+ * and holds that PC. */
+static __always_inline void lj_site_fill(struct lua_work *w, struct lrec_lua_frame *f)
+{
+	struct lj_site *s = lj_site_slot(w->site_fill);
+	if (!s)
+		return;
+	s->pc = w->site_fill;
+	s->a = w->last_a;
+	s->k = (struct lua_proto_key){
+		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+		.name_id = f->name_id,
+	};
+}
+
 /* What lua_emit emitted. */
 #define LUA_EMIT_PC 0     /* a Lua function's frame, at its current position */
 #define LUA_EMIT_NO_PC 1  /* a Lua function's frame whose PC does not lie in it */
@@ -346,7 +476,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
-	if (bpf_probe_read_user(fn, 48, (void *)func) || fn[lj_gct(w)] != LJ_GCT_FUNC) {
+	if (lj_read_fn(w, func) || fn[lj_gct(w)] != LJ_GCT_FUNC) {
 		w->flags |= LREC_LUA_BROKEN;
 		return LUA_EMIT_FAILED;
 	}
@@ -362,27 +492,17 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	if (f->ffid == 0) {
 		__u64 bc = buf_ref(w, fn, c->fn_pc & 63);
 		__u64 pt = bc - c->pt_size;
-		f->ptr = pt;
-		/* One read from sizebc to numline: the fields that tell protos apart. */
-		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
-		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc))) {
+		struct lua_proto_key k;
+		if (lj_proto_key(w, pt, &k)) {
 			w->flags |= LREC_LUA_BROKEN;
 			return LUA_EMIT_FAILED;
 		}
-		__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
-		__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
-		f->chunkname = buf_ref(w, w->pt, o_name);
-		f->firstline = *(__s32 *)&w->pt[o_line];
-		f->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
-		f->sizebc = *(__u32 *)&w->pt[0];
-		/* GCstr: the string's id (2.1's sid) and hash precede its length; the
-		 * frames of one chunk share it (read once per sample). */
-		if (f->chunkname != w->last_name) {
-			__u64 id = rd64(f->chunkname + c->str_len - 8);
-			w->last_name = f->chunkname;
-			w->last_name_id = (__u32)id ^ (__u32)(id >> 32);
-		}
-		f->name_id = w->last_name_id;
+		f->ptr = pt;
+		f->chunkname = k.chunkname;
+		f->firstline = k.firstline;
+		f->numline = k.numline;
+		f->sizebc = k.sizebc;
+		f->name_id = k.name_id;
 		/* Recursion repeats one proto: note it once. */
 		if (pt != w->last_pt)
 			lua_note_proto(w, f);
@@ -398,6 +518,9 @@ emitted:
 	f->pos = ~0U;
 	if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc <= 4ULL * f->sizebc)
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
+	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
+		lj_site_fill(w, f);
+	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
 	if (f->ffid)
@@ -439,9 +562,19 @@ static long lua_step(__u64 i, void *unused)
 		w->flags |= LREC_LUA_TRUNCATED;
 		return 1;
 	}
+	struct lrec_lua_config *c = &w->cfg;
+	if (w->site_check) {
+		/* The frame was located by a remembered A: unless it is the caller, by the A
+		 * the bytecode holds now. */
+		w->site_check = 0;
+		if (!lj_site_verify(w)) {
+			w->last_a = (rd32(w->last_call - 4) >> 8) & 0xff;
+			w->frame = w->site_callee - 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
+			w->site_fill = w->last_call;
+		}
+	}
 	if (w->frame <= w->bot)
 		return lua_parent(w) ? 0 : 1;
-	struct lrec_lua_config *c = &w->cfg;
 	__u64 func, link;
 	lj_frame(w, &func, &link);
 	__u64 type = link & 3, typep = link & 7;
@@ -511,11 +644,18 @@ static long lua_step(__u64 i, void *unused)
 	}
 	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
-		/* The call's A operand sizes the caller's frame (the same call site again in a
-		 * recursion: read once). */
+		/* The call's A operand sizes the caller's frame: the same call site again in a
+		 * recursion is read once; one seen in an earlier sample is remembered, and
+		 * checked at the frame it locates. */
 		if (w->pc != w->last_call) {
 			w->last_call = w->pc;
-			w->last_a = (rd32(w->pc - 4) >> 8) & 0xff;
+			if (lj_site_cached(w)) {
+				w->site_check = 1;
+				w->site_callee = w->frame;
+			} else {
+				w->last_a = (rd32(w->pc - 4) >> 8) & 0xff;
+				w->site_fill = w->pc;
+			}
 		}
 		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
 		return 0;
@@ -657,6 +797,10 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_func = 0;
 	w->last_call = 0;
 	w->last_name = 0;
+	w->fn_addr = 0;
+	w->pt_addr = 0;
+	w->site_check = 0;
+	w->site_fill = 0;
 	if (w->suspended)
 		return lua_suspended_stack(b, w, offset);
 	if (!lua_find(w, r, tid))
