@@ -254,6 +254,15 @@ impl LuaVms {
         })
     }
 
+    /// Whether some LuaJIT process's layout is still unknown, found less than 2 s ago: its
+    /// samples carry no Lua frames yet.
+    pub fn layouts_pending(&self) -> bool {
+        self.luajit.values().any(|p| {
+            matches!(p.detection, Detection::Pending { .. })
+                && p.found.elapsed() < std::time::Duration::from_secs(2)
+        })
+    }
+
     /// BPF configurations that became known since the last call.
     pub fn take_configs(&mut self) -> Vec<(u32, RawLuaConfig)> {
         std::mem::take(&mut self.configs)

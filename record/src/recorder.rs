@@ -46,6 +46,8 @@ const MAPS_REFRESH: Duration = Duration::from_millis(500);
 const YOUNG_THREAD: Duration = Duration::from_secs(1);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
 const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
+/// The longest an attached target's recording waits for its LuaJIT layouts to be told.
+const WARM_UP_MAX: Duration = Duration::from_millis(500);
 
 /// Records until the target exits, -d ends or a signal; writes the capture to `output`
 /// or, with `--flight`, the window to numbered files next to it.
@@ -146,12 +148,29 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             return Err(e.into());
         }
     };
+    rec.lua.sampling_started();
+    if attached && rec.lua.layouts_pending() {
+        let (took, samples) = warm_up(&mut sampler, &mut rec, target.pidfd())?;
+        if !args.quiet {
+            let ms = took.as_millis();
+            match rec.lua.layouts_pending() {
+                false => eprintln!(
+                    "lrec: LuaJIT's layout told in {ms} ms from {samples} samples, which carry \
+                     no Lua frames and are not kept; recording from now"
+                ),
+                true => eprintln!(
+                    "lrec: LuaJIT's layout not told in {ms} ms ({samples} samples, not kept; \
+                     an idle VM tells nothing); recording from now: its samples carry no Lua \
+                     frames until it is told"
+                ),
+            }
+        }
+    }
     // `-d` counts from the first sample: samples taken after it are not written, whatever
     // lrec was doing when its time came.
     let started = Instant::now();
     let deadline = args.duration.map(Duration::from_secs_f64);
     rec.deadline_ns = deadline.map(|d| procfs::monotonic_ns() + d.as_nanos() as u64);
-    rec.lua.sampling_started();
     target.start(&args.command)?;
     if !attached {
         for &pid in &pids {
@@ -290,6 +309,33 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     Ok(sampler)
 }
 
+/// Before an attached target's recording starts: its LuaJIT VMs' layouts are told by
+/// their first samples (a few ms, more on a loaded machine), which carry no Lua frames and
+/// are not kept (at most [`WARM_UP_MAX`]). Returns how long it took, and those samples.
+fn warm_up(
+    sampler: &mut Sampler,
+    rec: &mut Recording,
+    pidfd: Option<i32>,
+) -> Result<(Duration, u64)> {
+    let start = Instant::now();
+    rec.warming_up = true;
+    while rec.lua.layouts_pending()
+        && start.elapsed() < WARM_UP_MAX
+        && !STOP.load(Ordering::Relaxed)
+    {
+        sampler.wait(Duration::from_millis(5), pidfd)?;
+        if sampler.mappings_changed() {
+            rec.refresh_all_maps()?;
+        }
+        drain(sampler, rec)?;
+        install_lua_configs(sampler, rec)?;
+    }
+    // Samples taken before the walkers had their layouts.
+    drain(sampler, rec)?;
+    rec.warming_up = false;
+    Ok((start.elapsed(), std::mem::take(&mut rec.warm_up_samples)))
+}
+
 /// Hands the BPF walkers the Lua VM configurations that became known.
 fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     for (pid, cfg) in rec.lua.take_configs() {
@@ -359,6 +405,10 @@ struct Recording {
     latency: Option<Tracker>,
     /// When `-d` runs out (CLOCK_MONOTONIC ns), and the samples taken after it, dropped.
     deadline_ns: Option<u64>,
+    /// Telling LuaJIT's layout before the recording starts ([`warm_up`]): samples are
+    /// looked at, not kept, and counted.
+    warming_up: bool,
+    warm_up_samples: u64,
     late: u64,
 }
 
@@ -409,6 +459,8 @@ impl Recording {
             lost: 0,
             latency: None,
             deadline_ns: None,
+            warming_up: false,
+            warm_up_samples: 0,
             late: 0,
         }
     }
@@ -438,6 +490,12 @@ impl Recording {
         if self.deadline_ns.is_some_and(|d| sample.time_ns > d) && off_cpu.is_none() {
             // Taken after `-d` ran out, while lrec was still busy: not part of the recording.
             self.late += 1;
+            return Ok(());
+        }
+        if self.warming_up {
+            // Before the recording starts: only to tell LuaJIT's layout (see warm_up).
+            self.lua.on_sample(&sample, walk);
+            self.warm_up_samples += 1;
             return Ok(());
         }
         let pid = sample.pid;
