@@ -49,6 +49,25 @@ struct {
 	__type(value, struct lrec_lua_proto);
 } lua_proto_buf SEC(".maps");
 
+/* The key of frame f's proto (process tgid). */
+static __always_inline void lua_proto_key_of(struct lua_proto_key *k, __u32 tgid,
+					     struct lrec_lua_frame *f)
+{
+	*k = (struct lua_proto_key){
+		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
+		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
+		.name_id = f->name_id,
+	};
+}
+
+/* Whether keys a and b name the same proto. */
+static __always_inline int lua_proto_key_eq(struct lua_proto_key *a, struct lua_proto_key *b)
+{
+	return a->ptr == b->ptr && a->tgid == b->tgid && a->firstline == b->firstline &&
+	       a->chunkname == b->chunkname && a->numline == b->numline &&
+	       a->sizebc == b->sizebc && a->name_id == b->name_id;
+}
+
 /* This CPU's cache entry for key k. */
 static __always_inline struct lua_proto_key *lua_seen_slot(struct lua_proto_key *k)
 {
@@ -60,9 +79,7 @@ static __always_inline struct lua_proto_key *lua_seen_slot(struct lua_proto_key 
 static __always_inline int lua_proto_seen(struct lua_proto_key *k)
 {
 	struct lua_proto_key *c = lua_seen_slot(k);
-	if (c && c->ptr == k->ptr && c->tgid == k->tgid && c->firstline == k->firstline &&
-	    c->chunkname == k->chunkname && c->numline == k->numline &&
-	    c->sizebc == k->sizebc && c->name_id == k->name_id)
+	if (c && lua_proto_key_eq(c, k))
 		return 1;
 	if (!bpf_map_lookup_elem(&lua_protos_seen, k))
 		return 0;
@@ -78,11 +95,7 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
 							      __u32 tgid,
 							      struct lrec_lua_frame *f)
 {
-	*k = (struct lua_proto_key){
-		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
-		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-		.name_id = f->name_id,
-	};
+	lua_proto_key_of(k, tgid, f);
 	if (lua_proto_seen(k))
 		return NULL;
 	__u32 zero = 0;

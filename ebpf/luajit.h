@@ -127,22 +127,6 @@ struct lua_work {
 	struct lua_proto_key site_key;
 };
 
-/* A call site the walk read the A operand of: its return PC, A, and the proto it lies in
- * (a proto with these fields holds the same bytecode: the identity lua_protos_seen
- * uses). Per CPU, direct-mapped by return PC; checked at each use. */
-struct lj_site {
-	__u64 pc;
-	__u64 a;
-	struct lua_proto_key k;
-};
-
-#define LJ_SITES 1024
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LJ_SITES);
-	__type(key, __u32);
-	__type(value, struct lj_site);
-} lj_sites SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -218,66 +202,7 @@ static __always_inline __u32 lj_gct(struct lua_work *w)
 	return w->cfg.gc64 ? 9 : 5;
 }
 
-static __always_inline int in_vm(struct lua_work *w, __u64 ip)
-{
-	for (int i = 0; i < LREC_LUA_MAX_RANGES; i++)
-		if (ip >= w->cfg.vm_start[i] && ip < w->cfg.vm_end[i])
-			return 1;
-	return 0;
-}
-
-/* G is the VM this thread runs when its current lua_State belongs to G and that state's
- * innermost C frame lies on this thread's stack just above sp. An idle VM (cframe 0),
- * or one that another thread runs, fails. */
-static __always_inline int lua_try(struct lua_work *w, __u64 g)
-{
-	if (!g)
-		return 0;
-	__u64 l = rdref(w, g + w->cfg.g_cur_l);
-	if (!l || rdref(w, l + w->cfg.l_glref) != g)
-		return 0;
-	__u64 cf = rd64(l + w->cfg.l_cframe) & ~3ULL;
-	if (cf < w->sp || cf >= w->sp + w->window)
-		return 0;
-	w->g = g;
-	w->l = l;
-	w->cf = cf;
-	return 1;
-}
-
-/* One slot of the scan: a return address into the VM sits just below the C frame of the
- * VM that made the call; that frame's SAVE_L names the state, whose glref names G. */
-static long lua_scan_slot(__u64 i, void *unused)
-{
-	struct lua_work *w = lua_work();
-	if (!w)
-		return 1;
-	__u64 v;
-	if (!copied_stack_word(w->cpu, i, &v))
-		return 1;
-	if (!in_vm(w, v))
-		return 0;
-	__u64 cf = w->sp + i * 8 + 8;
-	__u64 l = rdref(w, cf + w->cfg.cf_l);
-	if (!l)
-		return 0;
-	return lua_try(w, rdref(w, l + w->cfg.l_glref));
-}
-
-/* Finds G for this thread: DISPATCH in r14 (interpreter, GC64 traces, and C code that
- * left r14 alone), the VM this thread ran last time, or a VM return address on the
- * stack (C code called from the VM). */
-static __always_inline int lua_find(struct lua_work *w, struct lrec_regs *r, __u32 tid)
-{
-	__u64 disp = w->cfg.gc64 ? r->r14 : (__u32)r->r14;
-	if (disp > w->cfg.g2disp && lua_try(w, disp - w->cfg.g2disp))
-		return 1;
-	__u64 *last = bpf_map_lookup_elem(&lua_thread_vm, &tid);
-	if (last && lua_try(w, *last))
-		return 1;
-	bpf_loop(LREC_LUA_SCAN_SLOTS, lua_scan_slot, NULL, 0);
-	return w->g != 0;
-}
+#include "luajit_find.h"
 
 /* The PC saved in a C frame (where the VM left its Lua code for C). */
 static __always_inline __u64 cframe_pc(struct lua_work *w, __u64 cf)
@@ -389,62 +314,26 @@ static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua
 	return 0;
 }
 
-/* This CPU's lj_sites entry for return PC pc. */
-static __always_inline struct lj_site *lj_site_slot(__u64 pc)
+/* Whether pc (a return or current PC) lies in the bytecode at bc, of sizebc instructions. */
+static __always_inline int lj_pc_in(__u64 pc, __u64 bc, __u32 sizebc)
 {
-	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LJ_SITES - 1);
-	return bpf_map_lookup_elem(&lj_sites, &i);
+	return pc > bc && pc - bc <= 4ULL * sizebc;
 }
 
-/* Whether lj_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
- * proto in w->site_key, to be checked (lj_site_verify). */
-static __always_inline int lj_site_cached(struct lua_work *w)
+/* The A operand of the call before return PC pc: the caller's frame lies 1 + A slots (and
+ * GC64's link slot) below the callee's. */
+static __always_inline __u64 lj_call_a(__u64 pc)
 {
-	struct lj_site *s = lj_site_slot(w->pc);
-	if (!s || s->pc != w->pc || s->k.tgid != w->tgid)
-		return 0;
-	w->last_a = s->a;
-	w->site_key = s->k;
-	return 1;
+	return (rd32(pc - 4) >> 8) & 0xff;
 }
 
-/* Whether the frame at w->frame, located by a remembered A, is the caller: a Lua
- * function whose proto is the remembered one (same key) and holds the return PC. Else
- * the A was another call's, at a PC reused since. Its reads serve lua_emit next. */
-static __always_inline int lj_site_verify(struct lua_work *w)
+/* The frame of the caller of the Lua frame at frame, whose call's A operand is a. */
+static __always_inline __u64 lj_caller_frame(struct lua_work *w, __u64 frame, __u64 a)
 {
-	struct lrec_lua_config *c = &w->cfg;
-	__u64 func, link;
-	lj_frame(w, &func, &link);
-	if (!func || lj_read_fn(w, func) || w->fn[lj_gct(w)] != LJ_GCT_FUNC ||
-	    w->fn[c->fn_ffid & 63])
-		return 0;
-	__u64 bc = buf_ref(w, w->fn, c->fn_pc & 63);
-	__u64 pt = bc - c->pt_size;
-	struct lua_proto_key k;
-	if (pt != w->site_key.ptr || lj_proto_key(w, pt, &k))
-		return 0;
-	struct lua_proto_key *r = &w->site_key;
-	return k.chunkname == r->chunkname && k.firstline == r->firstline &&
-	       k.numline == r->numline && k.sizebc == r->sizebc && k.name_id == r->name_id &&
-	       w->last_call > bc && w->last_call - bc <= 4ULL * k.sizebc;
+	return frame - 8 * (1 + (w->cfg.gc64 ? 1 : 0) + a);
 }
 
-/* Remembers the call read at return PC w->site_fill, now that its caller f is emitted
- * and holds that PC. */
-static __always_inline void lj_site_fill(struct lua_work *w, struct lrec_lua_frame *f)
-{
-	struct lj_site *s = lj_site_slot(w->site_fill);
-	if (!s)
-		return;
-	s->pc = w->site_fill;
-	s->a = w->last_a;
-	s->k = (struct lua_proto_key){
-		.tgid = w->tgid, .firstline = f->firstline, .ptr = f->ptr,
-		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-		.name_id = f->name_id,
-	};
-}
+#include "luajit_sites.h"
 
 /* What lua_emit emitted. */
 #define LUA_EMIT_PC 0     /* a Lua function's frame, at its current position */
@@ -516,7 +405,7 @@ emitted:
 	/* The position of the PC in a Lua function's bytecode (w->last_bc), when it lies
 	 * there. */
 	f->pos = ~0U;
-	if (f->ffid == 0 && w->pc > w->last_bc && w->pc - w->last_bc <= 4ULL * f->sizebc)
+	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
 		lj_site_fill(w, f);
@@ -568,8 +457,8 @@ static long lua_step(__u64 i, void *unused)
 		 * the bytecode holds now. */
 		w->site_check = 0;
 		if (!lj_site_verify(w)) {
-			w->last_a = (rd32(w->last_call - 4) >> 8) & 0xff;
-			w->frame = w->site_callee - 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
+			w->last_a = lj_call_a(w->last_call);
+			w->frame = lj_caller_frame(w, w->site_callee, w->last_a);
 			w->site_fill = w->last_call;
 		}
 	}
@@ -653,11 +542,11 @@ static long lua_step(__u64 i, void *unused)
 				w->site_check = 1;
 				w->site_callee = w->frame;
 			} else {
-				w->last_a = (rd32(w->pc - 4) >> 8) & 0xff;
+				w->last_a = lj_call_a(w->pc);
 				w->site_fill = w->pc;
 			}
 		}
-		w->frame -= 8 * (1 + (c->gc64 ? 1 : 0) + w->last_a);
+		w->frame = lj_caller_frame(w, w->frame, w->last_a);
 		return 0;
 	}
 	if (c_entry) {
@@ -674,63 +563,7 @@ static long lua_step(__u64 i, void *unused)
 	return 0;
 }
 
-/* Frames looked at from the top for an FFI callback's own frame. */
-#define LREC_CB_FRAMES 8
-
-/* One frame of the look for an FFI callback's frame (lua_callback_pending): 1 stops. */
-static long lua_cb_step(__u64 i, void *unused)
-{
-	struct lua_work *w = lua_work();
-	if (!w || w->frame <= w->bot)
-		return 1;
-	__u64 func, link;
-	lj_frame(w, &func, &link);
-	__u64 typep = link & 7, delta = link & ~7ULL;
-	if (typep == LJ_FRAME_CONT && func != w->l) {
-		__u64 contv = w->cfg.gc64 ? lj_stack_word(w, w->frame - 24)
-					  : (__u32)lj_stack_word(w, w->frame - 8);
-		if (contv == LJ_CONT_FFI_CALLBACK) {
-			w->cb_seen = 1; /* the callback's frame: it runs */
-			return 1;
-		}
-	}
-	if (typep == LJ_FRAME_C || typep == LJ_FRAME_CP) {
-		w->cb_seen = 2; /* its caller's C entry first: it does not */
-		return 1;
-	}
-	if ((link & 3) == LJ_FRAME_LUA) {
-		__u64 pc = w->cfg.gc64 ? link : (__u32)link;
-		w->frame -= 8 * (1 + (w->cfg.gc64 ? 1 : 0) + ((rd32(pc - 4) >> 8) & 0xff));
-		return 0;
-	}
-	if (!delta)
-		return 1;
-	w->frame -= delta;
-	return 0;
-}
-
-/* Whether C frame cf is an FFI callback's (lj_vm_ffi_callback stored cf + CFRAME_SIZE in
- * CTState.cb.stack, one of the two words at cfg.cts_stack) whose
- * Lua frame is not on the stack walked from w->frame: entered and not set up yet, or
- * returned and not left yet. Leaves the walk's position as it was. */
-static __always_inline int lua_callback_pending(struct lua_work *w, __u64 cf)
-{
-	/* G->ctype_state, right after jit_base: the FFI is loaded. */
-	__u64 cts = rdref(w, w->g + w->cfg.g_jit_base + lj_refsize(w));
-	if (!cts || !w->cfg.cts_stack)
-		return 0;
-	__u64 stack[2] = {};
-	bpf_probe_read_user(stack, sizeof(stack), (void *)(cts + w->cfg.cts_stack));
-	__u64 mark = cf + w->cfg.cf_size;
-	if (stack[0] != mark && stack[1] != mark)
-		return 0;
-	__u64 frame = w->frame;
-	w->cb_seen = 0;
-	bpf_loop(LREC_CB_FRAMES, lua_cb_step, NULL, 0);
-	w->frame = frame;
-	return w->cb_seen == 2;
-}
-
+#include "luajit_callback.h"
 #include "luajit_trace.h"
 
 /* Fills the Lua stack header after the walk: h at offset, the walk's frames after it. */

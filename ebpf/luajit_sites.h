@@ -1,0 +1,75 @@
+/* LuaJIT call sites, remembered across samples (included by luajit.h): a Lua frame's
+ * caller lies below it by its call's A operand, which the walk would otherwise read from
+ * the caller's bytecode at every frame. A remembered A is used only once the frame it
+ * locates proves to be the caller (lj_site_verify). */
+#ifndef LREC_LUAJIT_SITES_H
+#define LREC_LUAJIT_SITES_H
+
+/* A call site the walk read the A operand of: its return PC, A, and the proto it lies in
+ * (a proto with these fields holds the same bytecode: the identity lua_protos_seen
+ * uses). Per CPU, direct-mapped by return PC; checked at each use. */
+struct lj_site {
+	__u64 pc;
+	__u64 a;
+	struct lua_proto_key k;
+};
+
+#define LJ_SITES 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LJ_SITES);
+	__type(key, __u32);
+	__type(value, struct lj_site);
+} lj_sites SEC(".maps");
+
+/* This CPU's lj_sites entry for return PC pc. */
+static __always_inline struct lj_site *lj_site_slot(__u64 pc)
+{
+	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LJ_SITES - 1);
+	return bpf_map_lookup_elem(&lj_sites, &i);
+}
+
+/* Whether lj_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
+ * proto in w->site_key, to be checked (lj_site_verify). */
+static __always_inline int lj_site_cached(struct lua_work *w)
+{
+	struct lj_site *s = lj_site_slot(w->pc);
+	if (!s || s->pc != w->pc || s->k.tgid != w->tgid)
+		return 0;
+	w->last_a = s->a;
+	w->site_key = s->k;
+	return 1;
+}
+
+/* Whether the frame at w->frame, located by a remembered A, is the caller: a Lua
+ * function whose proto is the remembered one (same key) and holds the return PC. Else
+ * the A was another call's, at a PC reused since. Its reads serve lua_emit next. */
+static __always_inline int lj_site_verify(struct lua_work *w)
+{
+	struct lrec_lua_config *c = &w->cfg;
+	__u64 func, link;
+	lj_frame(w, &func, &link);
+	if (!func || lj_read_fn(w, func) || w->fn[lj_gct(w)] != LJ_GCT_FUNC ||
+	    w->fn[c->fn_ffid & 63])
+		return 0;
+	__u64 bc = buf_ref(w, w->fn, c->fn_pc & 63);
+	__u64 pt = bc - c->pt_size;
+	struct lua_proto_key k;
+	if (pt != w->site_key.ptr || lj_proto_key(w, pt, &k))
+		return 0;
+	return lua_proto_key_eq(&k, &w->site_key) && lj_pc_in(w->last_call, bc, k.sizebc);
+}
+
+/* Remembers the call read at return PC w->site_fill, now that its caller f is emitted
+ * and holds that PC. */
+static __always_inline void lj_site_fill(struct lua_work *w, struct lrec_lua_frame *f)
+{
+	struct lj_site *s = lj_site_slot(w->site_fill);
+	if (!s)
+		return;
+	s->pc = w->site_fill;
+	s->a = w->last_a;
+	lua_proto_key_of(&s->k, w->tgid, f);
+}
+
+#endif
