@@ -250,17 +250,16 @@ impl LuaVms {
                 Detection::Ready(_, ref traces) => traces.searching(),
                 _ => false,
             };
-            telling && p.found.elapsed() < std::time::Duration::from_secs(2)
+            telling && p.young()
         })
     }
 
     /// Whether some LuaJIT process's layout is still unknown, found less than 2 s ago: its
     /// samples carry no Lua frames yet.
     pub fn layouts_pending(&self) -> bool {
-        self.luajit.values().any(|p| {
-            matches!(p.detection, Detection::Pending { .. })
-                && p.found.elapsed() < std::time::Duration::from_secs(2)
-        })
+        self.luajit
+            .values()
+            .any(|p| matches!(p.detection, Detection::Pending { .. }) && p.young())
     }
 
     /// BPF configurations that became known since the last call.
@@ -559,6 +558,11 @@ impl ProcessVm {
             detection,
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
         }
+    }
+
+    /// Found less than 2 s ago: still in the time its layout and traces are told in.
+    fn young(&self) -> bool {
+        self.found.elapsed() < std::time::Duration::from_secs(2)
     }
 
     /// The BPF walker's configuration, once the LuaJIT VM's layout is known.
