@@ -463,32 +463,7 @@ fn unwind_sample(
                     let placed = match hint {
                         Some(hint) => {
                             let state = luajit::state_frame(l.vmstate);
-                            let r = lua::merge(stack.frames, l, &hint, state, &mut merged);
-                            if std::env::var("LDEBUG").is_ok()
-                                && stack.frames.len() > 8
-                                && matches!(merged.first(), Some(Merged::Lua(_)))
-                                && l.frames.iter().all(|f| f.function != 0)
-                            {
-                                eprintln!(
-                                    "DBG ip={:x} sp={:x} cf={:x} vmstate={} lua={:x?}",
-                                    s.regs.ip,
-                                    s.regs.sp,
-                                    l.cframe,
-                                    l.vmstate,
-                                    l.frames.iter().map(|f| f.cframe).collect::<Vec<_>>()
-                                );
-                                for f in stack.frames.iter() {
-                                    eprintln!(
-                                        "   {:x} sp={:x} vm={} work={}",
-                                        f.avma,
-                                        f.sp,
-                                        hint.in_vm(f.lookup_avma()),
-                                        f.vm_work
-                                    );
-                                }
-                                eprintln!("   merged {:?}", merged);
-                            }
-                            r
+                            lua::merge(stack.frames, l, &hint, state, &mut merged)
                         }
                         None => {
                             let execute = (rt.vm_start, rt.vm_end);
