@@ -8,7 +8,7 @@ use framehop::x86_64::UnwinderX86_64;
 use framehop::{ExplicitModuleSectionInfo, Module, Unwinder};
 use lrec_format::Mapping;
 
-use crate::cfi::CfiIndex;
+use crate::cfi::{CfiIndex, Special};
 use crate::image::{basename, Image};
 
 /// Section bytes shared by every module made from one image.
@@ -56,6 +56,16 @@ impl MappedRegion {
 }
 
 impl MappedRegion {
+    /// How to unwind `avma` where framehop would not do it right ([`Special`]).
+    pub fn cfi_special(&self, avma: u64, first_frame: bool) -> Option<Special> {
+        match (&self.cfi, self.bias) {
+            (Some(cfi), Some(bias)) if self.has_unwind_info => {
+                cfi.special(avma.wrapping_sub(bias), first_frame)
+            }
+            _ => None,
+        }
+    }
+
     pub fn file_offset(&self, avma: u64) -> u64 {
         avma - self.start + self.offset
     }

@@ -26,8 +26,9 @@ pub struct SymbolTable {
 }
 
 /// Parses an `Elf64_Sym` array. Keeps STT_FUNC/STT_GNU_IFUNC with a size, and sized
-/// STT_NOTYPE symbols inside `text` (hand-written assembly often lacks a type). Malformed
-/// entries are skipped; returns the symbols and how many entries were malformed.
+/// STT_NOTYPE symbols inside `text` (hand-written assembly often lacks a type). A function
+/// without a size (assembly such as glibc's `__restore_rt`) names only its first byte.
+/// Malformed entries are skipped; returns the symbols and how many entries were malformed.
 pub fn parse_elf64_symbols(
     symtab: &[u8],
     strtab: &[u8],
@@ -40,8 +41,11 @@ pub fn parse_elf64_symbols(
         let info = entry[4];
         let shndx = u16::from_le_bytes(entry[6..8].try_into().unwrap());
         let value = u64::from_le_bytes(entry[8..16].try_into().unwrap());
-        let size = u64::from_le_bytes(entry[16..24].try_into().unwrap());
         let kind = info & 0xf;
+        let size = match u64::from_le_bytes(entry[16..24].try_into().unwrap()) {
+            0 if kind == STT_FUNC => 1,
+            size => size,
+        };
         let keep = match kind {
             STT_FUNC | STT_GNU_IFUNC => true,
             STT_NOTYPE => text.as_ref().is_some_and(|t| t.contains(&value)),
@@ -163,13 +167,27 @@ mod tests {
             ("a_variable", GLOBAL_OBJECT, 24, 0x4010, 8),
             ("undefined_import", GLOBAL_FUNC, SHN_UNDEF, 0, 0),
             ("zero_sized", GLOBAL_FUNC, 14, 0x1200, 0),
+            ("zero_sized_notype", GLOBAL_NOTYPE, 14, 0x1210, 0),
             ("asm_in_text", GLOBAL_NOTYPE, 14, 0x1180, 0x10),
             ("notype_outside_text", GLOBAL_NOTYPE, 14, 0x9000, 0x10),
             ("ifunc", 0x1a, 14, 0x11a0, 0x8),
         ]);
         let (syms, malformed) = parse_elf64_symbols(&symtab, &strtab, Some(0x1000..0x2000));
         let names: Vec<&str> = syms.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(names, ["main", "static_helper", "asm_in_text", "ifunc"]);
+        assert_eq!(
+            names,
+            [
+                "main",
+                "static_helper",
+                "zero_sized",
+                "asm_in_text",
+                "ifunc"
+            ]
+        );
+        assert_eq!(
+            syms[2].size, 1,
+            "a function without a size names its first byte"
+        );
         assert_eq!(malformed, 0);
     }
 

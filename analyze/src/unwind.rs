@@ -5,6 +5,14 @@ use framehop::{FrameAddress, Unwinder};
 use lrec_format::Regs;
 
 use crate::address_space::AddressSpace;
+use crate::cfi::Special;
+
+/// Where the interrupted registers are in a signal frame on x86-64 Linux, from the stack
+/// pointer at the signal trampoline (`ucontext_t`: 40 bytes of flags, link and
+/// `stack_t`, then `gregs[]`, in which rbp is 10, rsp 15 and rip 16).
+const SIGNAL_RBP: u64 = 40 + 10 * 8;
+const SIGNAL_RSP: u64 = 40 + 15 * 8;
+const SIGNAL_RIP: u64 = 40 + 16 * 8;
 
 /// Deeper stacks are cut here and marked truncated (a loop in corrupt data, or recursion).
 pub const MAX_FRAMES: usize = 2048;
@@ -165,15 +173,61 @@ pub fn unwind_user<'c>(
                 }
             }
         }
+        // A thread stopped in the kernel's rt_sigreturn has its ip just past the
+        // trampoline's `syscall`, its last instruction.
+        let special = executable.and_then(|i| {
+            let r = space.region_at(i);
+            r.cfi_special(lookup, !is_return).or_else(|| {
+                r.cfi_special(lookup.checked_sub(1)?, false)
+                    .filter(|_| !is_return)
+            })
+        });
         // The next frame would be unwound by this one's rule. Without CFI here framehop
         // would guess with frame pointers and could skip callers: stop instead.
-        if !covered {
+        if !covered && special.is_none() {
             if let Some(r) = executable.map(|i| space.region_at(i)) {
                 if !r.has_unwind_info && !without_unwind_info.contains(&r.start) {
                     without_unwind_info.push(r.start);
                 }
             }
             break StackEnd::Truncated;
+        }
+        match special {
+            // The handler returned here; the caller is whatever the signal interrupted, at
+            // any instruction: it is unwound as a leaf is.
+            Some(Special::SignalTrampoline) => {
+                // The handler "returns" to the trampoline's first byte, not after a call:
+                // named by that byte (glibc starts its FDE one byte early for unwinders
+                // that look up the byte before a return address).
+                if let Some(f) = frames.last_mut() {
+                    f.is_return = false;
+                }
+                let at = |off: u64| read_stack(frame_sp.checked_add(off).ok_or(())?);
+                match (at(SIGNAL_RIP), at(SIGNAL_RSP), at(SIGNAL_RBP)) {
+                    (Ok(ip), Ok(rsp), Ok(bp)) if rsp > frame_sp && ip != 0 => {
+                        uregs = UnwindRegsX86_64::new(ip, rsp, bp);
+                        address = FrameAddress::InstructionPointer(ip);
+                        continue;
+                    }
+                    _ => break StackEnd::Truncated,
+                }
+            }
+            // Outside the frame its CFI claims: rbp is still (or again) the caller's.
+            Some(Special::ReturnAt { words }) => {
+                let slot = frame_sp + 8 * words;
+                match read_stack(slot)
+                    .ok()
+                    .and_then(FrameAddress::from_return_address)
+                {
+                    Some(a) => {
+                        uregs.set_sp(slot + 8);
+                        address = a;
+                        continue;
+                    }
+                    None => break StackEnd::Truncated,
+                }
+            }
+            None => {}
         }
         match space
             .unwinder

@@ -76,6 +76,31 @@ fn native_stacks_are_exact_and_survive_deleting_the_binary() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A signal handler's samples: its frames, the trampoline, then the interrupted stack
+/// (unwound from the registers the kernel saved in the signal frame).
+#[test]
+fn stacks_continue_through_signal_handlers() {
+    let Some(_guard) = bpf_test("stacks_continue_through_signal_handlers") else {
+        return;
+    };
+    let dir = tempfile_dir("signals");
+    let cap = dir.join("signals.lrec");
+    record_command(&cap, 999, &[fixture("signals").as_ref(), "3".as_ref()]);
+    for args in [&["--offline"][..], &[]] {
+        let (stacks, _) = folded(&cap, args);
+        let exact = score(&stacks, &signals_truth());
+        assert_exact(&exact, &format!("signals {args:?}"));
+        for leaf in ["signal_work", "chain_d", "worker_b"] {
+            assert!(
+                exact.per_leaf.get(leaf).copied().unwrap_or(0) >= 20,
+                "too few samples in {leaf}: {:?}",
+                exact.per_leaf
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// lrec SIGKILLed 4 s into a 20 s recording: the capture still holds those seconds.
 #[test]
 fn capture_of_a_killed_recorder_is_readable_and_exact() {
