@@ -4,7 +4,8 @@
 #   1. bytes per sample: lrec capture (embedded sections included) vs
 #      `perf record --call-graph dwarf,16384 -z`
 #   2. analysis throughput: `lanalyze --folded` vs `perf script`, samples per second.
-#   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 or any ONLY skips 1 and 2.
+#   1 and 2 record a 30 s native capture (NATIVE_SECS); ONLY=native runs just them.
+#   3. Lua overhead, LuaJIT and PUC Lua (below). SKIP_NATIVE=1 or any other ONLY skips 1 and 2.
 #   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
 #      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
 #   8. Per-sample cost on the target's own CPU beside perf's, floor subtracted (ONLY=cost).
@@ -12,20 +13,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
 SECS=${SECS:-10}
+NATIVE_SECS=${NATIVE_SECS:-30}
 OUT=${OUT:-target/bench}
 mkdir -p "$OUT"
 rm -f "$OUT"/{lrec.lrec,perf.data}
 
 now() { date +%s.%N; }
-if [ -z "${SKIP_NATIVE:-}" ] && [ -z "${ONLY:-}" ]; then
-fixtures/build/native $((SECS + 4)) >/dev/null &
+if [ -z "${SKIP_NATIVE:-}" ] && { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = native ]; }; then
+fixtures/build/native $((NATIVE_SECS + 4)) >/dev/null &
 target=$!
 trap 'kill $target 2>/dev/null || true' EXIT
 sleep 0.5
 
-./target/release/lrec -q -F "$HZ" -d "$SECS" -p "$target" -o "$OUT/lrec.lrec" &
+./target/release/lrec -q -F "$HZ" -d "$NATIVE_SECS" -p "$target" -o "$OUT/lrec.lrec" &
 lrec=$!
-perf record -q -F "$HZ" --call-graph dwarf,16384 -z -p "$target" -o "$OUT/perf.data" -- sleep "$SECS" 2>/dev/null &
+perf record -q -F "$HZ" --call-graph dwarf,16384 -z -p "$target" -o "$OUT/perf.data" -- sleep "$NATIVE_SECS" 2>/dev/null &
 perf=$!
 wait $lrec $perf
 kill $target 2>/dev/null || true
@@ -55,7 +57,7 @@ pt=$(best_of perf script -i "$OUT/perf.data")
 
 awk -v lb="$lrec_bytes" -v ls="$lrec_samples" -v lt="$lt" \
     -v pb="$perf_bytes" -v ps="$perf_samples" -v pt="$pt" \
-    -v hz="$HZ" -v secs="$SECS" -v runs="$RUNS" 'BEGIN {
+    -v hz="$HZ" -v secs="$NATIVE_SECS" -v runs="$RUNS" 'BEGIN {
   printf "workload: fixtures/build/native (2 busy threads), %d Hz, %d s, lrec and perf at once\n", hz, secs
   printf "analysis: lanalyze --folded --offline vs perf script, best of %d runs each\n\n", runs
   printf "%-28s %14s %14s %10s\n", "", "lrec", "perf", "lrec/perf"
@@ -80,7 +82,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in offcpu|latency|jp|host|cost) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in native|offcpu|latency|jp|host|cost) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()

@@ -208,7 +208,7 @@ pub fn run(
         .filter(|chunk| chunk.kinds & wanted != 0)
         .map_init(UnwindCache::new, |cache, chunk| {
             let mut frames = ChunkFrames::default();
-            let mut samples = Vec::new();
+            let mut samples = Vec::with_capacity(chunk.records as usize);
             // A sample's Lua stack comes just before it.
             let mut lua_stack: Option<LuaStack> = None;
             let mut unwind = |s: SampleRef, when: u64, kind: SampleKind, lua: Option<LuaStack>| {

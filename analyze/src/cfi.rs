@@ -14,8 +14,9 @@
 //!   `leave`, so a leaf sampled there would unwind through a stale rbp.
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian,
-    UnwindContext, UnwindSection, X86_64,
+    BaseAddresses, CallFrameInstruction, CallFrameInstructionIter, CieOrFde,
+    CommonInformationEntry, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register, UnwindOffset,
+    UnwindSection, X86_64,
 };
 
 use crate::image::Image;
@@ -131,29 +132,68 @@ fn collect<'a, S>(section: &S, bases: &BaseAddresses, out: &mut Collected)
 where
     S: UnwindSection<EndianSlice<'a, LittleEndian>>,
 {
-    let mut ctx = UnwindContext::new();
+    let mut cies: Vec<Cie> = Vec::new();
     let mut entries = section.entries(bases);
     while let Ok(Some(entry)) = entries.next() {
         if let CieOrFde::Fde(partial) = entry {
-            if let Ok(fde) = partial.parse(S::cie_from_offset) {
+            // Each CIE is parsed once, not once for each of its FDEs.
+            let cie = |section: &S, bases: &BaseAddresses, offset: S::Offset| {
+                let key = UnwindOffset::into(offset);
+                if let Some(c) = cies.iter().find(|c| c.offset == key) {
+                    return Ok(c.cie.clone());
+                }
+                let cie = section.cie_from_offset(bases, offset)?;
+                cies.push(Cie {
+                    offset: key,
+                    cie: cie.clone(),
+                    cfa_register: cfa_register_after(cie.instructions(section, bases), None),
+                });
+                Ok(cie)
+            };
+            if let Ok(fde) = partial.parse(cie) {
                 let start = fde.initial_address();
                 let range = (start, start.saturating_add(fde.len()));
                 out.ranges.push(range);
                 if fde.is_signal_trampoline() {
                     out.signal.push(range);
                 }
-                let first_row = fde
-                    .rows(section, bases, &mut ctx)
-                    .ok()
-                    .and_then(|mut rows| Some(rows.next_row().ok()??.cfa().clone()));
-                if let Some(CfaRule::RegisterAndOffset { register, .. }) = first_row {
-                    if register == X86_64::RBP {
-                        out.frame_at_entry.push(range);
-                    }
+                let at_entry = cies
+                    .iter()
+                    .find(|c| c.offset == fde.cie().offset())
+                    .and_then(|c| c.cfa_register);
+                if cfa_register_after(fde.instructions(section, bases), at_entry)
+                    == Some(X86_64::RBP)
+                {
+                    out.frame_at_entry.push(range);
                 }
             }
         }
     }
+}
+
+/// A CIE as parsed once, with the register its initial instructions base the CFA on.
+struct Cie<'a> {
+    offset: usize,
+    cie: CommonInformationEntry<EndianSlice<'a, LittleEndian>>,
+    cfa_register: Option<Register>,
+}
+
+/// The CFA register after `instructions` up to their first advance, from `register`.
+fn cfa_register_after(
+    mut instructions: CallFrameInstructionIter<EndianSlice<'_, LittleEndian>>,
+    mut register: Option<Register>,
+) -> Option<Register> {
+    while let Ok(Some(i)) = instructions.next() {
+        match i {
+            CallFrameInstruction::DefCfa { register: r, .. }
+            | CallFrameInstruction::DefCfaSf { register: r, .. }
+            | CallFrameInstruction::DefCfaRegister { register: r } => register = Some(r),
+            CallFrameInstruction::DefCfaExpression { .. } => register = None,
+            CallFrameInstruction::AdvanceLoc { .. } | CallFrameInstruction::SetLoc { .. } => break,
+            _ => {}
+        }
+    }
+    register
 }
 
 #[cfg(test)]

@@ -275,7 +275,10 @@ fn run(cli: Cli) -> Result<()> {
             })
         }
     };
-    finish(written, out)
+    let result = finish(written, out);
+    // The process exits next, which frees the profiles' memory at once.
+    std::mem::forget(profiles);
+    result
 }
 
 /// `--latency`: reads only what lrec timed, no samples.

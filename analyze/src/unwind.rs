@@ -17,9 +17,11 @@ const SIGNAL_RIP: u64 = 40 + 16 * 8;
 /// Deeper stacks are cut here and marked truncated (a loop in corrupt data, or recursion).
 pub const MAX_FRAMES: usize = 2048;
 
-/// Per-thread state reused across samples: framehop's rule cache and a frame buffer.
+/// Per-thread state reused across samples: framehop's rule cache, what is known of each
+/// code address and a frame buffer.
 pub struct UnwindCache {
     rules: CacheX86_64,
+    known: KnownAddresses,
     frames: Vec<CodeAddress>,
 }
 
@@ -27,7 +29,67 @@ impl UnwindCache {
     pub fn new() -> UnwindCache {
         UnwindCache {
             rules: CacheX86_64::new(),
+            known: KnownAddresses {
+                slots: vec![None; KNOWN_SLOTS],
+            },
             frames: Vec::with_capacity(256),
+        }
+    }
+}
+
+/// Slots of [`KnownAddresses`] (direct-mapped).
+const KNOWN_SLOTS: usize = 4096;
+
+/// What the address space says of code addresses: two binary searches each, which the same
+/// addresses, sample after sample, would otherwise repeat.
+struct KnownAddresses {
+    slots: Vec<Option<Known>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Known {
+    /// The address space asked ([`AddressSpace`]'s address).
+    space: usize,
+    lookup: u64,
+    first_frame: bool,
+    /// The executable region holding `lookup`.
+    executable: Option<usize>,
+    covered: bool,
+    special: Option<Special>,
+}
+
+impl KnownAddresses {
+    fn get(&mut self, space: &AddressSpace, lookup: u64, first_frame: bool) -> Known {
+        let id = space as *const AddressSpace as usize;
+        let slot = &mut self.slots[((lookup ^ (lookup >> 12)) as usize) % KNOWN_SLOTS];
+        match *slot {
+            Some(k) if k.space == id && k.lookup == lookup && k.first_frame == first_frame => k,
+            _ => *slot.insert(Known::of(space, id, lookup, first_frame)),
+        }
+    }
+}
+
+impl Known {
+    fn of(space: &AddressSpace, id: usize, lookup: u64, first_frame: bool) -> Known {
+        let executable = space
+            .region_index(lookup)
+            .filter(|&i| space.region_at(i).executable);
+        let r = executable.map(|i| space.region_at(i));
+        // A thread stopped in the kernel's rt_sigreturn has its ip just past the
+        // trampoline's `syscall`, its last instruction.
+        let special = r.and_then(|r| {
+            r.cfi_special(lookup, first_frame).or_else(|| {
+                r.cfi_special(lookup.checked_sub(1)?, false)
+                    .filter(|_| first_frame)
+            })
+        });
+        Known {
+            space: id,
+            lookup,
+            first_frame,
+            executable,
+            covered: r.is_some_and(|r| r.cfi_covers(lookup)),
+            special,
         }
     }
 }
@@ -123,6 +185,7 @@ pub fn unwind_user<'c>(
         Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
     };
     let frames = &mut cache.frames;
+    let known = &mut cache.known;
     frames.clear();
     let mut without_unwind_info = Vec::new();
     let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
@@ -136,8 +199,12 @@ pub fn unwind_user<'c>(
             FrameAddress::ReturnAddress(avma) => (avma.get(), true),
         };
         let lookup = if is_return { avma - 1 } else { avma };
-        let region = space.region_index(lookup);
-        let executable = region.filter(|&i| space.region_at(i).executable);
+        let Known {
+            executable,
+            covered,
+            special,
+            ..
+        } = known.get(space, lookup, !is_return);
         if is_return && executable.is_none() {
             break StackEnd::Truncated;
         }
@@ -149,7 +216,6 @@ pub fn unwind_user<'c>(
             sp: frame_sp,
             vm_work: false,
         });
-        let covered = executable.is_some_and(|i| space.region_at(i).cfi_covers(lookup));
         if let Some(vm) = vm {
             let in_vm = vm.in_vm(lookup);
             // JIT-compiled code: anonymous memory, or memory mapped after maps were read
@@ -173,15 +239,6 @@ pub fn unwind_user<'c>(
                 }
             }
         }
-        // A thread stopped in the kernel's rt_sigreturn has its ip just past the
-        // trampoline's `syscall`, its last instruction.
-        let special = executable.and_then(|i| {
-            let r = space.region_at(i);
-            r.cfi_special(lookup, !is_return).or_else(|| {
-                r.cfi_special(lookup.checked_sub(1)?, false)
-                    .filter(|_| !is_return)
-            })
-        });
         // The next frame would be unwound by this one's rule. Without CFI here framehop
         // would guess with frame pointers and could skip callers: stop instead.
         if !covered && special.is_none() {

@@ -23,6 +23,7 @@
 pub mod elf;
 pub mod files;
 mod reader;
+mod sample_decode;
 pub mod v1;
 mod writer;
 

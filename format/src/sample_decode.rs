@@ -1,0 +1,161 @@
+//! A hand-written decoder for the hottest record, [`SampleRef`]: the bytes bincode's serde
+//! path reads (standard configuration: little-endian varint integers, a length before each
+//! sequence), read at a fraction of its cost. Anything unexpected returns `None`, and the
+//! caller then decodes with serde, which gives the error.
+
+use crate::v1::{Regs, SampleRef};
+
+/// bincode's varint markers: a value below 251 is one byte; these announce a u16, u32, u64.
+const U16: u8 = 251;
+const U32: u8 = 252;
+const U64: u8 = 253;
+
+struct Cursor<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    #[inline]
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = self.rest.split_at_checked(n)?;
+        self.rest = tail;
+        Some(head)
+    }
+
+    #[inline]
+    fn varint(&mut self) -> Option<u64> {
+        let (&first, rest) = self.rest.split_first()?;
+        self.rest = rest;
+        Some(match first {
+            U16 => u64::from(u16::from_le_bytes(self.take(2)?.try_into().ok()?)),
+            U32 => u64::from(u32::from_le_bytes(self.take(4)?.try_into().ok()?)),
+            U64 => u64::from_le_bytes(self.take(8)?.try_into().ok()?),
+            b if b < U16 => u64::from(b),
+            _ => return None,
+        })
+    }
+
+    #[inline]
+    fn u32(&mut self) -> Option<u32> {
+        u32::try_from(self.varint()?).ok()
+    }
+
+    #[inline]
+    fn len(&mut self) -> Option<usize> {
+        let n = usize::try_from(self.varint()?).ok()?;
+        // Every element takes at least a byte: a longer length is damage.
+        (n <= self.rest.len()).then_some(n)
+    }
+}
+
+/// Decodes a whole `SampleRef` record body, or `None` when it is not exactly one.
+pub(crate) fn sample_ref(body: &[u8]) -> Option<SampleRef<'_>> {
+    let mut c = Cursor { rest: body };
+    let time_ns = c.varint()?;
+    let pid = c.u32()?;
+    let tid = c.u32()?;
+    let cpu = c.u32()?;
+    let flags = c.u32()?;
+    let mut r = [0u64; 18];
+    for v in &mut r {
+        *v = c.varint()?;
+    }
+    let regs = Regs {
+        ip: r[0],
+        sp: r[1],
+        bp: r[2],
+        ax: r[3],
+        bx: r[4],
+        cx: r[5],
+        dx: r[6],
+        si: r[7],
+        di: r[8],
+        r8: r[9],
+        r9: r[10],
+        r10: r[11],
+        r11: r[12],
+        r12: r[13],
+        r13: r[14],
+        r14: r[15],
+        r15: r[16],
+        flags: r[17],
+    };
+    let n = c.len()?;
+    let user_stack = c.take(n)?;
+    let n = c.len()?;
+    let mut kernel_stack = Vec::with_capacity(n);
+    for _ in 0..n {
+        kernel_stack.push(c.varint()?);
+    }
+    c.rest.is_empty().then_some(SampleRef {
+        time_ns,
+        pid,
+        tid,
+        cpu,
+        flags,
+        regs,
+        user_stack,
+        kernel_stack,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::reader::decode;
+    use crate::v1::Sample;
+
+    fn encode(s: &Sample) -> Vec<u8> {
+        bincode::serde::encode_to_vec(s, crate::bincode_config()).unwrap()
+    }
+
+    /// Values around each varint boundary.
+    fn int() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            0u64..260,
+            65_530u64..65_540,
+            (u32::MAX as u64 - 3)..(u32::MAX as u64 + 3),
+            any::<u64>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn decodes_as_serde_does(
+            time_ns in int(), pid in any::<u32>(), tid in 0u32..300, flags in 0u32..8,
+            regs in proptest::collection::vec(int(), 18),
+            user_stack in proptest::collection::vec(any::<u8>(), 0..600),
+            kernel_stack in proptest::collection::vec(int(), 0..40),
+        ) {
+            let r = &regs;
+            let s = Sample {
+                time_ns, pid, tid, cpu: 3, flags,
+                regs: Regs {
+                    ip: r[0], sp: r[1], bp: r[2], ax: r[3], bx: r[4], cx: r[5], dx: r[6],
+                    si: r[7], di: r[8], r8: r[9], r9: r[10], r10: r[11], r11: r[12],
+                    r12: r[13], r13: r[14], r14: r[15], r15: r[16], flags: r[17],
+                },
+                user_stack, kernel_stack,
+            };
+            let body = encode(&s);
+            let serde: SampleRef = decode(&body).unwrap();
+            prop_assert_eq!(sample_ref(&body), Some(serde));
+            // Cut anywhere, or with a byte more: never a sample.
+            for cut in [0, 1, body.len() / 2, body.len() - 1] {
+                prop_assert_eq!(sample_ref(&body[..cut]), None);
+            }
+            let mut longer = body.clone();
+            longer.push(0);
+            prop_assert_eq!(sample_ref(&longer), None);
+        }
+    }
+
+    #[test]
+    fn unknown_markers_are_left_to_serde() {
+        let mut body = encode(&Sample::default());
+        body[0] = 254; // a u128 marker
+        assert_eq!(sample_ref(&body), None);
+    }
+}
