@@ -9,6 +9,7 @@
 #   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
 #      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
 #   8. Per-sample cost on the target's own CPU beside perf's, floor subtracted (ONLY=cost).
+#   9. The profilers' own CPU per sample at steady state, 999 Hz, start-up apart (ONLY=own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -82,7 +83,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in native|offcpu|latency|jp|host|cost) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in native|offcpu|latency|jp|host|cost|own) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -320,5 +321,21 @@ if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; th
     t=$(for _ in 1 2 3; do scripts/bpf_cost.sh -- "${cmd[@]}"; done | median)
     printf "%-24s %8s us\n" "$label" "$t"
   done
+fi
+
+# 9. lrec's own CPU per sample at steady state against perf record's (scripts/own_cpu.py):
+#    the same targets, 999 Hz, the profiler's CPU from its 4th second to its last but one,
+#    start-up (the CPU before) reported apart. ONLY=own runs this part only.
+if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = own ]; } && [ "$(nproc)" -ge 2 ]; then
+  echo
+  COST=fixtures/workloads/lua/cost.lua
+  cases=()
+  for depth in 20 200; do
+    cases+=("luajit jit on, $depth=fixtures/bin/luajit-gc64 $COST $depth"
+            "luajit -joff, $depth=fixtures/bin/luajit-gc64 -joff $COST $depth"
+            "lua5.4, $depth=fixtures/bin/lua5.4-static $COST $depth"
+            "native, $depth=fixtures/build/cost $depth")
+  done
+  python3 scripts/own_cpu.py --rounds "${OWN_ROUNDS:-3}" --secs "${OWN_SECS:-12}" "${cases[@]}"
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

@@ -210,8 +210,17 @@ fn firefox_has_a_track_per_thread_with_all_its_samples() {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        for wanted in ["Lua", "JIT", "C / native", "Kernel", "GC"] {
+        for wanted in ["Lua", "C / native", "Kernel"] {
             assert!(categories.contains(&wanted), "{name}: {categories:?}");
+        }
+        // Interpreted, compiled, GC and C are subcategories of the one Lua category.
+        let lua = categories.iter().position(|&c| c == "Lua").unwrap();
+        let subcategories = &meta["categories"][lua]["subcategories"];
+        for wanted in ["interpreted", "JIT-compiled", "JIT compiler", "GC", "C"] {
+            assert!(
+                subcategories.as_array().unwrap().iter().any(|s| s == wanted),
+                "{name}: {subcategories}"
+            );
         }
         let hz = f64::from(profile.header.frequency_hz);
         // Whole nanoseconds, in milliseconds.

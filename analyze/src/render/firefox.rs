@@ -1,6 +1,7 @@
 //! The Firefox Profiler's processed profile format, built with samply's
 //! `fxprof-processed-profile` crate: a process per pid, a track per thread, every sample at
-//! its time, frames colored by category (Lua, JIT, C / native, Kernel, GC), the
+//! its time, frames colored by category (Lua, with its interpreted, JIT-compiled,
+//! JIT compiler, GC and C subcategories; C / native; Kernel), the
 //! capture's counts and warnings as markers on the main thread, and each call that
 //! `lrec --latency-events` timed as a marker on its thread. profiler.firefox.com and the
 //! Perfetto UI open it.
@@ -142,33 +143,39 @@ impl Clock {
     }
 }
 
-/// The frame categories, as the profiler colors them.
+/// The frame categories, as the profiler colors them. Everything a Lua VM runs is one
+/// "Lua" category, split into subcategories: a call node whose samples ran both
+/// interpreted and compiled (or a C function called from Lua, in and out of the GC) keeps
+/// the Lua colour, and the split shows in the category breakdown.
 struct Categories {
     lua: CategoryPairHandle,
     jit_compiled: CategoryPairHandle,
     jit_compiler: CategoryPairHandle,
+    gc: CategoryPairHandle,
+    /// Native code above the innermost Lua frame: C functions and FFI calls made from
+    /// Lua, and the VM's own helpers.
+    lua_c: CategoryPairHandle,
     native: CategoryPairHandle,
     kernel: CategoryPairHandle,
-    gc: CategoryPairHandle,
 }
 
 impl Categories {
     fn add(fx: &mut FxProfile) -> Categories {
-        let lua = fx.add_category("Lua", CategoryColor::Yellow).into();
-        let jit = fx.add_category("JIT", CategoryColor::Green);
+        let lua = fx.add_category("Lua", CategoryColor::Yellow);
         Categories {
-            lua,
-            jit_compiled: fx.add_subcategory(jit, "compiled code"),
-            jit_compiler: fx.add_subcategory(jit, "compiler"),
+            lua: fx.add_subcategory(lua, "interpreted"),
+            jit_compiled: fx.add_subcategory(lua, "JIT-compiled"),
+            jit_compiler: fx.add_subcategory(lua, "JIT compiler"),
+            gc: fx.add_subcategory(lua, "GC"),
+            lua_c: fx.add_subcategory(lua, "C"),
             native: fx.add_category("C / native", CategoryColor::Blue).into(),
             kernel: fx.add_category("Kernel", CategoryColor::Orange).into(),
-            gc: fx.add_category("GC", CategoryColor::Red).into(),
         }
     }
 
     /// The category of each frame of a stack (root first) sampled in Lua VM state
-    /// `state` (its frame's label, `[GC]`, `[JIT compiler]`): by kind, except that the
-    /// VM's native work above the innermost Lua frame counts as the state's.
+    /// `state` (its frame's label, `[GC]`, `[JIT compiler]`): by kind; native frames
+    /// above the innermost Lua frame are Lua's C work, or the state's.
     fn of_stack(&self, frames: &[&Frame], state: Option<&str>) -> Vec<CategoryPairHandle> {
         let innermost_lua = frames.iter().rposition(|f| f.kind == FrameKind::Lua);
         let state = state.and_then(|s| self.of_state(s));
@@ -182,8 +189,8 @@ impl Categories {
                     None if f.jit => self.jit_compiled,
                     None => self.lua,
                 },
-                FrameKind::User | FrameKind::Inlined => match state {
-                    Some(category) if innermost_lua.is_some_and(|l| l < i) => category,
+                FrameKind::User | FrameKind::Inlined => match innermost_lua {
+                    Some(l) if l < i => state.unwrap_or(self.lua_c),
                     _ => self.native,
                 },
             })
@@ -427,7 +434,11 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["Other", "Lua", "JIT", "C / native", "Kernel", "GC"]);
+        assert_eq!(names, ["Other", "Lua", "C / native", "Kernel"]);
+        assert_eq!(
+            v["meta"]["categories"][1]["subcategories"],
+            json!(["Other", "interpreted", "JIT-compiled", "JIT compiler", "GC", "C"])
+        );
         assert_eq!(v["meta"]["interval"], 10.0);
         // The reference is the recording's start: 1e12 ns after the epoch.
         assert_eq!(v["meta"]["startTime"], 1_000_000.0);
@@ -478,21 +489,21 @@ mod tests {
                 vec![
                     "main (C / native)",
                     "lua_pcall (C / native)",
-                    "work app.lua:3 (Lua)",
-                    "[GC] (GC)",
-                    "gc_step (GC)"
+                    "work app.lua:3 (Lua/interpreted)",
+                    "[GC] (Lua/GC)",
+                    "gc_step (Lua/GC)"
                 ],
                 vec![
                     "main (C / native)",
                     "lua_pcall (C / native)",
-                    "work app.lua:3 (Lua)",
-                    "gc_step (C / native)"
+                    "work app.lua:3 (Lua/interpreted)",
+                    "gc_step (Lua/C)"
                 ],
                 vec![
                     "main (C / native)",
                     "lua_pcall (C / native)",
-                    "work app.lua:3 (Lua)",
-                    "hot app.lua:9 (JIT/compiled code)"
+                    "work app.lua:3 (Lua/interpreted)",
+                    "hot app.lua:9 (Lua/JIT-compiled)"
                 ],
             ]
         );
@@ -506,7 +517,7 @@ mod tests {
         );
         assert_eq!(
             stacks(&v, thread_by_tid(&v, "6"))[0][3..],
-            ["[JIT compiler] (JIT/compiler)", "lj_asm (JIT/compiler)"]
+            ["[JIT compiler] (Lua/JIT compiler)", "lj_asm (Lua/JIT compiler)"]
         );
         // Lua frames are the profiler's "JavaScript" frames.
         let app = thread_by_tid(&v, "1");
