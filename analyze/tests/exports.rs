@@ -218,7 +218,11 @@ fn firefox_has_a_track_per_thread_with_all_its_samples() {
         let subcategories = &meta["categories"][lua]["subcategories"];
         for wanted in ["interpreted", "JIT-compiled", "JIT compiler", "GC", "C"] {
             assert!(
-                subcategories.as_array().unwrap().iter().any(|s| s == wanted),
+                subcategories
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s == wanted),
                 "{name}: {subcategories}"
             );
         }
@@ -263,6 +267,24 @@ fn firefox_has_a_track_per_thread_with_all_its_samples() {
             has_lua,
             "{name}: Lua frames in the Lua category"
         );
+        // Lua functions have a file and a line; native ones a library of `libs`.
+        assert_eq!(meta["stackwalk"], 1);
+        assert_eq!(
+            doc["libs"].as_array().unwrap().len(),
+            profile.binaries.len()
+        );
+        let (mut with_file, mut with_lib) = (0, 0);
+        for track in threads {
+            let funcs = &track["funcTable"];
+            let column = |c: &str| funcs[c].as_array().unwrap().clone();
+            for (file, line) in column("fileName").iter().zip(column("lineNumber")) {
+                assert_eq!(file.is_null(), line.is_null(), "{name}");
+                with_file += usize::from(!file.is_null());
+            }
+            with_lib += column("resource").iter().filter(|r| **r != -1).count();
+        }
+        assert_eq!(with_file > 0, has_lua, "{name}: Lua functions with files");
+        assert!(with_lib > 0, "{name}: no function has a library");
 
         // The capture's counts ride on the recorded process's main thread.
         let target = profile.header.target_pid.to_string();
