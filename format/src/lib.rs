@@ -19,11 +19,11 @@
 //! This crate performs no I/O beyond reading and writing the streams it is handed, and
 //! creating output files safely ([`files`]).
 
+mod codec;
 #[cfg(feature = "elf")]
 pub mod elf;
 pub mod files;
 mod reader;
-mod sample_decode;
 pub mod v1;
 mod writer;
 

@@ -327,7 +327,7 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String
 /// place.
 fn decode_record(k: u16, body: &[u8]) -> Result<Option<RecordRef<'_>>, String> {
     if k == kind::SAMPLE {
-        if let Some(s) = crate::sample_decode::sample_ref(body) {
+        if let Some(s) = crate::codec::sample_ref(body) {
             return Ok(Some(RecordRef::Sample(s)));
         }
         return Ok(Some(RecordRef::Sample(decode(body)?)));

@@ -546,6 +546,10 @@ macro_rules! records {
                 buf: &mut Vec<u8>,
             ) -> Result<(), bincode::error::EncodeError> {
                 let cfg = crate::bincode_config();
+                if let Record::LuaStack(r) = self {
+                    crate::codec::encode_lua_stack(r, buf);
+                    return Ok(());
+                }
                 match self {
                     $(Record::$variant(r) => {
                         bincode::serde::encode_into_std_write(r, buf, cfg).map(drop)

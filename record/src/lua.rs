@@ -5,13 +5,13 @@
 //! each function prototype's names and lines written once. One design of Lua frames,
 //! protos and runtimes serves both VMs.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use lrec_format::{
     lua_flags, lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample,
 };
+use rustc_hash::FxHashMap;
 
 use crate::luajit::{self, Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
 use crate::puc;
@@ -102,11 +102,12 @@ macro_rules! proto_key {
 #[derive(Default)]
 pub struct LuaVms {
     /// The LuaJIT and the PUC Lua interpreter of each process (a process may hold both).
-    luajit: HashMap<u32, ProcessVm>,
-    puc: HashMap<u32, ProcessVm>,
-    protos: HashMap<ProtoKey, Option<u32>>,
+    luajit: FxHashMap<u32, ProcessVm>,
+    puc: FxHashMap<u32, ProcessVm>,
+    /// Looked up for every Lua frame of every sample: a fast hash, not SipHash.
+    protos: FxHashMap<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
-    copied: HashMap<ProtoKey, RawLuaProto>,
+    copied: FxHashMap<ProtoKey, RawLuaProto>,
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
