@@ -69,12 +69,29 @@ def lrec_window(pid, args, out):
     if p.returncode != 0:
         sys.exit(f"lrec failed: {p.stderr}")
     bpf = re.search(r"BPF sampler: .* ([0-9.]+) us per sample", p.stderr)
-    info = subprocess.run([LANALYZE, out, "--info"], capture_output=True, text=True).stdout
+    total, lost, secs = lrec_counts(out)
+    bpf = float(bpf.group(1)) if bpf else None
+    return t0, t1, (total + lost) / secs, bpf, cpu / (total + lost) * 1e6
+
+
+def lrec_counts(capture):
+    """(samples, lost, seconds of samples) of an lrec capture, from `lanalyze --info`."""
+    info = subprocess.run([LANALYZE, capture, "--info"], capture_output=True, text=True).stdout
     total = int(re.search(r"total:\s+(\d+)", info).group(1))
     lost = int(re.search(r"lost:\s+(\d+)", info).group(1))
     secs = float(re.search(r"duration:\s+([0-9.]+) s", info).group(1))
-    bpf = float(bpf.group(1)) if bpf else None
-    return t0, t1, (total + lost) / secs, bpf, cpu / (total + lost) * 1e6
+    return total, lost, secs
+
+
+def perf_counts(data):
+    """(samples, lost) of a perf.data file, from `perf report --stats`."""
+    stats = subprocess.run(
+        ["perf", "report", "-i", data, "--stats"], capture_output=True, text=True
+    ).stdout
+    # The aggregated counts come first (then per-thread ones).
+    samples = int((re.findall(r"SAMPLE events:\s+(\d+)", stats) or ["0"])[0])
+    lost = int((re.findall(r"LOST_SAMPLES events:\s+(\d+)", stats) or ["0"])[0])
+    return samples, lost
 
 
 def children_cpu():
@@ -92,12 +109,7 @@ def perf_window(pid, args, out, dwarf):
     t1, cpu = time.monotonic(), children_cpu() - c0
     if p.returncode != 0:
         sys.exit(f"perf failed: {p.stderr}")
-    stats = subprocess.run(
-        ["perf", "report", "-i", out, "--stats"], capture_output=True, text=True
-    ).stdout
-    # The aggregated counts come first (then per-thread ones).
-    samples = int((re.findall(r"SAMPLE events:\s+(\d+)", stats) or ["0"])[0])
-    lost = int((re.findall(r"LOST_SAMPLES events:\s+(\d+)", stats) or ["0"])[0])
+    samples, lost = perf_counts(out)
     return t0, t1, (samples + lost) / args.window, None, cpu / max(samples + lost, 1) * 1e6
 
 

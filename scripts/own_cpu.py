@@ -16,7 +16,6 @@ Usage: own_cpu.py [--rounds N] [--secs S] [--hz HZ] LABEL=COMMAND...
 import argparse
 import glob
 import os
-import re
 import shlex
 import statistics
 import subprocess
@@ -24,8 +23,7 @@ import sys
 import tempfile
 import time
 
-LREC = "./target/release/lrec"
-LANALYZE = "./target/release/lanalyze"
+from cost import LREC, lrec_counts, perf_counts
 LEAD, TAIL = 4.0, 1.0
 
 
@@ -59,9 +57,7 @@ def lrec_round(pid, args, out):
     cmd = ["taskset", "-c", "0", LREC, "-q", "-p", str(pid), "-d", str(args.secs)]
     cmd += ["-F", str(args.hz), "-o", out]
     start, steady, secs = run(cmd, args)
-    info = subprocess.run([LANALYZE, out, "--info"], capture_output=True, text=True).stdout
-    total = int(re.search(r"total:\s+(\d+)", info).group(1))
-    dur = float(re.search(r"duration:\s+([0-9.]+) s", info).group(1))
+    total, _, dur = lrec_counts(out)
     return start, steady / (total / dur * secs)
 
 
@@ -69,10 +65,7 @@ def perf_round(pid, args, out):
     cmd = ["taskset", "-c", "0", "perf", "record", "-q", "-F", str(args.hz), "-p", str(pid)]
     cmd += ["--call-graph", "dwarf,16384", "-o", out, "--", "sleep", str(args.secs)]
     start, steady, secs = run(cmd, args)
-    stats = subprocess.run(
-        ["perf", "report", "-i", out, "--stats"], capture_output=True, text=True
-    ).stdout
-    samples = int((re.findall(r"SAMPLE events:\s+(\d+)", stats) or ["0"])[0])
+    samples, _ = perf_counts(out)
     return start, steady / (samples / args.secs * secs)
 
 
