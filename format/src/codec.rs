@@ -105,38 +105,80 @@ pub(crate) fn sample_ref(body: &[u8]) -> Option<SampleRef<'_>> {
 
 /// Appends `stack` as bincode's serde path would.
 pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
-    buf.reserve(48 + stack.frames.len() * 24);
-    varint(buf, u64::from(stack.pid));
-    varint(buf, u64::from(stack.tid));
-    varint(buf, stack.time_ns);
-    varint(buf, stack.vm);
-    varint(buf, stack.state);
-    varint(buf, stack.cframe);
-    varint(buf, u64::from(zigzag(stack.vmstate)));
-    varint(buf, u64::from(stack.flags));
-    varint(buf, stack.frames.len() as u64);
+    let mut b = Staged::default();
+    b.varint(u64::from(stack.pid));
+    b.varint(u64::from(stack.tid));
+    b.varint(stack.time_ns);
+    b.varint(stack.vm);
+    b.varint(stack.state);
+    b.varint(stack.cframe);
+    b.varint(u64::from(zigzag(stack.vmstate)));
+    b.varint(u64::from(stack.flags));
+    b.varint(stack.frames.len() as u64);
+    b.flush(buf);
     for f in &stack.frames {
-        buf.extend_from_slice(&[f.kind, f.builtin, f.link]);
-        varint(buf, u64::from(f.function));
-        varint(buf, f.address);
-        varint(buf, u64::from(f.pos));
-        varint(buf, f.cframe);
+        b.bytes(&[f.kind, f.builtin, f.link]);
+        b.varint(u64::from(f.function));
+        b.varint(f.address);
+        b.varint(u64::from(f.pos));
+        b.varint(f.cframe);
+        b.flush(buf);
     }
 }
 
-#[inline]
-fn varint(buf: &mut Vec<u8>, v: u64) {
-    if v < u64::from(U16) {
-        buf.push(v as u8);
-    } else if let Ok(v) = u16::try_from(v) {
-        buf.push(U16);
-        buf.extend_from_slice(&v.to_le_bytes());
-    } else if let Ok(v) = u32::try_from(v) {
-        buf.push(U32);
-        buf.extend_from_slice(&v.to_le_bytes());
-    } else {
-        buf.push(U64);
-        buf.extend_from_slice(&v.to_le_bytes());
+/// Bytes built on the stack and appended to the buffer at once: one capacity check for a
+/// frame's fields, not one per field.
+struct Staged {
+    bytes: [u8; 96],
+    len: usize,
+}
+
+impl Default for Staged {
+    fn default() -> Self {
+        Staged {
+            bytes: [0; 96],
+            len: 0,
+        }
+    }
+}
+
+impl Staged {
+    /// Appends at most 9 varints' or 96 bytes' worth before a flush.
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        self.bytes[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+
+    #[inline]
+    fn varint(&mut self, v: u64) {
+        if v < u64::from(U16) {
+            self.bytes(&[v as u8]);
+        } else if let Ok(v) = u16::try_from(v) {
+            self.bytes(&[U16]);
+            self.bytes(&v.to_le_bytes());
+        } else if let Ok(v) = u32::try_from(v) {
+            self.bytes(&[U32]);
+            self.bytes(&v.to_le_bytes());
+        } else {
+            self.bytes(&[U64]);
+            self.bytes(&v.to_le_bytes());
+        }
+    }
+
+    /// Appends the staged bytes. All 96 are copied (a fixed size compiles to a few stores,
+    /// where a variable one is a call to memcpy), and the length grows by those staged.
+    #[inline]
+    fn flush(&mut self, buf: &mut Vec<u8>) {
+        buf.reserve(self.bytes.len());
+        let spare = &mut buf.spare_capacity_mut()[..self.bytes.len()];
+        for (to, &from) in spare.iter_mut().zip(&self.bytes) {
+            to.write(from);
+        }
+        // SAFETY: the capacity past the length holds at least 96 bytes, all just
+        // initialized; the length grows by `self.len` ≤ 96 of them.
+        unsafe { buf.set_len(buf.len() + self.len) };
+        self.len = 0;
     }
 }
 

@@ -349,11 +349,22 @@ impl RawSample {
                 let header: RawLuaStack =
                     read_pod(bytes, at).ok_or_else(|| err("Lua stack runs past the record"))?;
                 let first = at + std::mem::size_of::<RawLuaStack>();
-                let size = std::mem::size_of::<RawLuaFrame>();
-                let frames = (0..header.nframes as usize)
-                    .map(|i| read_pod(bytes, first + i * size))
-                    .collect::<Option<Vec<RawLuaFrame>>>()
+                let n = header.nframes as usize;
+                let all = bytes
+                    .get(first..first + n * std::mem::size_of::<RawLuaFrame>())
                     .ok_or_else(|| err("Lua frames run past the record"))?;
+                let mut frames: Vec<RawLuaFrame> = Vec::with_capacity(n);
+                // SAFETY: `all` holds exactly n frames' bytes, copied into the capacity of
+                // n frames (a byte copy needs no alignment of the source); RawLuaFrame is
+                // plain old data, valid for any bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        all.as_ptr(),
+                        frames.as_mut_ptr().cast::<u8>(),
+                        all.len(),
+                    );
+                    frames.set_len(n);
+                }
                 Some(LuaWalk { header, frames })
             }
         };
