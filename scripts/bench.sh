@@ -13,7 +13,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
-SECS=${SECS:-10}
 NATIVE_SECS=${NATIVE_SECS:-30}
 OUT=${OUT:-target/bench}
 mkdir -p "$OUT"
