@@ -298,16 +298,17 @@ fi
 #    on CPU 0, COST_HZ sampling, alternating COST_WINDOW s windows bare / lrec -p /
 #    perf record -p --call-graph dwarf,16384 / perf record -p (the floor: the sampling
 #    interrupt alone), COST_ROUNDS rounds, medians. ONLY=cost runs this part only.
+# Parts 8 and 9's targets: LABEL=COMMAND, a chain of DEPTH distinct functions each.
+COST=fixtures/workloads/lua/cost.lua
+cases=()
+for depth in 20 200; do
+  cases+=("luajit jit on, $depth=fixtures/bin/luajit-gc64 $COST $depth"
+          "luajit -joff, $depth=fixtures/bin/luajit-gc64 -joff $COST $depth"
+          "lua5.4, $depth=fixtures/bin/lua5.4-static $COST $depth"
+          "native, $depth=fixtures/build/cost $depth")
+done
 if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; then
   echo
-  COST=fixtures/workloads/lua/cost.lua
-  cases=()
-  for depth in 20 200; do
-    cases+=("luajit jit on, $depth=fixtures/bin/luajit-gc64 $COST $depth"
-            "luajit -joff, $depth=fixtures/bin/luajit-gc64 -joff $COST $depth"
-            "lua5.4, $depth=fixtures/bin/lua5.4-static $COST $depth"
-            "native, $depth=fixtures/build/cost $depth")
-  done
   python3 scripts/cost.py --rounds "${COST_ROUNDS:-5}" --window "${COST_WINDOW:-6}" \
     --hz "${COST_HZ:-10000}" "${cases[@]}"
   # The BPF sampler's own time per sample, from the kernel's accounting (scripts/bpf_cost.sh),
@@ -327,14 +328,6 @@ fi
 #    start-up (the CPU before) reported apart. ONLY=own runs this part only.
 if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = own ]; } && [ "$(nproc)" -ge 2 ]; then
   echo
-  COST=fixtures/workloads/lua/cost.lua
-  cases=()
-  for depth in 20 200; do
-    cases+=("luajit jit on, $depth=fixtures/bin/luajit-gc64 $COST $depth"
-            "luajit -joff, $depth=fixtures/bin/luajit-gc64 -joff $COST $depth"
-            "lua5.4, $depth=fixtures/bin/lua5.4-static $COST $depth"
-            "native, $depth=fixtures/build/cost $depth")
-  done
   python3 scripts/own_cpu.py --rounds "${OWN_ROUNDS:-3}" --secs "${OWN_SECS:-12}" "${cases[@]}"
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true
