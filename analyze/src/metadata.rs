@@ -8,6 +8,7 @@ use lrec_format::{
     ResolvedSummary, ThreadStates,
 };
 use rayon::prelude::*;
+use rustc_hash::FxHashMap;
 
 use crate::profile::Latencies;
 use crate::Options;
@@ -28,7 +29,8 @@ pub struct Metadata {
     /// Lua VMs found, per process and binary (a process may hold LuaJIT and PUC Lua).
     pub lua_runtimes: HashMap<(u32, String), LuaRuntime>,
     /// Lua function prototypes by (pid, id).
-    pub lua_protos: HashMap<(u32, u32), LuaProto>,
+    /// Looked up for every Lua frame of every sample: a fast hash, not SipHash.
+    pub lua_protos: FxHashMap<(u32, u32), LuaProto>,
     /// Opening damage, then per-chunk warnings in capture order.
     pub read_warnings: Vec<ReadWarning>,
     /// A stripped capture's frames (by id), samples and summary.

@@ -5,9 +5,9 @@
 //! - lanalyze decodes every [`SampleRef`] with [`sample_ref`]; anything unexpected returns
 //!   `None`, and the caller then decodes with serde, which gives the error;
 //! - lrec encodes every [`LuaStack`] (up to hundreds of frames a sample) with
-//!   [`encode_lua_stack`].
+//!   [`encode_lua_stack`], and lanalyze decodes it with [`lua_stack`] (`None`: serde then).
 
-use crate::v1::{LuaStack, Regs, SampleRef};
+use crate::v1::{LuaFrame, LuaStack, Regs, SampleRef};
 
 /// bincode's varint markers: a value below 251 is one byte; these announce a u16, u32, u64.
 const U16: u8 = 251;
@@ -103,6 +103,46 @@ pub(crate) fn sample_ref(body: &[u8]) -> Option<SampleRef<'_>> {
     })
 }
 
+/// Decodes a whole `LuaStack` record body, or `None` when it is not exactly one.
+pub(crate) fn lua_stack(body: &[u8]) -> Option<LuaStack> {
+    let mut c = Cursor { rest: body };
+    let pid = c.u32()?;
+    let tid = c.u32()?;
+    let time_ns = c.varint()?;
+    let vm = c.varint()?;
+    let state = c.varint()?;
+    let cframe = c.varint()?;
+    let vmstate = unzigzag(c.u32()?);
+    let flags = c.u32()?;
+    let n = c.len()?;
+    let mut frames = Vec::with_capacity(n);
+    for _ in 0..n {
+        let &[kind, builtin, link] = c.take(3)? else {
+            return None;
+        };
+        frames.push(LuaFrame {
+            kind,
+            builtin,
+            link,
+            function: c.u32()?,
+            address: c.varint()?,
+            pos: c.u32()?,
+            cframe: c.varint()?,
+        });
+    }
+    c.rest.is_empty().then_some(LuaStack {
+        pid,
+        tid,
+        time_ns,
+        vm,
+        state,
+        cframe,
+        vmstate,
+        flags,
+        frames,
+    })
+}
+
 /// Appends `stack` as bincode's serde path would.
 pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
     let mut b = Staged::default();
@@ -179,6 +219,14 @@ impl Staged {
         // initialized; the length grows by `self.len` ≤ 96 of them.
         unsafe { buf.set_len(buf.len() + self.len) };
         self.len = 0;
+    }
+}
+
+fn unzigzag(v: u32) -> i32 {
+    if v & 1 == 0 {
+        (v >> 1) as i32
+    } else {
+        !((v >> 1) as i32)
     }
 }
 
@@ -280,7 +328,9 @@ mod tests {
             let serde = bincode::serde::encode_to_vec(&s, crate::bincode_config()).unwrap();
             let mut fast = Vec::new();
             encode_lua_stack(&s, &mut fast);
-            prop_assert_eq!(fast, serde);
+            prop_assert_eq!(&fast, &serde);
+            prop_assert_eq!(lua_stack(&serde), Some(s));
+            prop_assert_eq!(lua_stack(&serde[..serde.len() - 1]), None);
         }
     }
 

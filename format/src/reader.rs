@@ -335,6 +335,11 @@ fn decode_record(k: u16, body: &[u8]) -> Result<Option<RecordRef<'_>>, String> {
     if k == kind::OFF_CPU {
         return Ok(Some(RecordRef::OffCpu(decode(body)?)));
     }
+    if k == kind::LUA_STACK {
+        if let Some(s) = crate::codec::lua_stack(body) {
+            return Ok(Some(RecordRef::Other(Record::LuaStack(s))));
+        }
+    }
     Ok(Record::decode_payload(k, body)?.map(RecordRef::Other))
 }
 
