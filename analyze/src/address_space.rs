@@ -45,25 +45,25 @@ pub struct MappedRegion {
 }
 
 impl MappedRegion {
+    /// The image's CFI index and `avma` as its SVMA, when the image has usable unwind info.
+    fn cfi_at(&self, avma: u64) -> Option<(&CfiIndex, u64)> {
+        match (&self.cfi, self.bias) {
+            (Some(cfi), Some(bias)) if self.has_unwind_info => Some((cfi, avma.wrapping_sub(bias))),
+            _ => None,
+        }
+    }
+
     /// Whether the image's CFI covers `avma`: only then does framehop unwind it by its
     /// unwind info rather than by frame-pointer guesswork.
     pub fn cfi_covers(&self, avma: u64) -> bool {
-        match (&self.cfi, self.bias) {
-            (Some(cfi), Some(bias)) => self.has_unwind_info && cfi.covers(avma.wrapping_sub(bias)),
-            _ => false,
-        }
+        self.cfi_at(avma)
+            .is_some_and(|(cfi, svma)| cfi.covers(svma))
     }
-}
 
-impl MappedRegion {
     /// How to unwind `avma` where framehop would not do it right ([`Special`]).
     pub fn cfi_special(&self, avma: u64, first_frame: bool) -> Option<Special> {
-        match (&self.cfi, self.bias) {
-            (Some(cfi), Some(bias)) if self.has_unwind_info => {
-                cfi.special(avma.wrapping_sub(bias), first_frame)
-            }
-            _ => None,
-        }
+        self.cfi_at(avma)
+            .and_then(|(cfi, svma)| cfi.special(svma, first_frame))
     }
 
     pub fn file_offset(&self, avma: u64) -> u64 {

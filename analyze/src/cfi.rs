@@ -43,38 +43,32 @@ pub enum Special {
     ReturnAt { words: u64 },
 }
 
-/// The FDEs an image's CFI sections hold, as collected.
-#[derive(Default)]
-struct Collected {
-    ranges: Vec<(u64, u64)>,
-    signal: Vec<(u64, u64)>,
-    frame_at_entry: Vec<(u64, u64)>,
-}
-
 impl CfiIndex {
     pub fn of(image: &Image) -> CfiIndex {
-        let mut ranges = Collected::default();
+        // Collected unsorted into the index's own fields, then put in order.
+        let mut index = CfiIndex::default();
         let addr = |name: &str| image.section(name).map_or(0, |s| s.addr);
         if let Some(data) = image.data(".eh_frame") {
             let bases = BaseAddresses::default()
                 .set_eh_frame(addr(".eh_frame"))
                 .set_eh_frame_hdr(addr(".eh_frame_hdr"))
                 .set_text(addr(".text"));
-            collect(&EhFrame::new(data, LittleEndian), &bases, &mut ranges);
+            collect(&EhFrame::new(data, LittleEndian), &bases, &mut index);
         }
         if let Some(data) = image.data(".debug_frame") {
             collect(
                 &DebugFrame::new(data, LittleEndian),
                 &BaseAddresses::default(),
-                &mut ranges,
+                &mut index,
             );
         }
-        let mut index = CfiIndex::from_ranges(ranges.ranges);
-        ranges.signal.sort_unstable();
-        ranges.frame_at_entry.sort_unstable();
-        index.signal = ranges.signal;
-        index.frame_at_entry = ranges.frame_at_entry;
-        index
+        index.signal.sort_unstable();
+        index.frame_at_entry.sort_unstable();
+        CfiIndex {
+            signal: index.signal,
+            frame_at_entry: index.frame_at_entry,
+            ..CfiIndex::from_ranges(index.ranges)
+        }
     }
 
     pub fn from_ranges(mut ranges: Vec<(u64, u64)>) -> CfiIndex {
@@ -128,7 +122,7 @@ fn within(ranges: &[(u64, u64)], svma: u64) -> Option<(u64, u64)> {
 
 /// Adds the range of every FDE that parses; a damaged entry ends the walk (what was found
 /// before it still counts).
-fn collect<'a, S>(section: &S, bases: &BaseAddresses, out: &mut Collected)
+fn collect<'a, S>(section: &S, bases: &BaseAddresses, out: &mut CfiIndex)
 where
     S: UnwindSection<EndianSlice<'a, LittleEndian>>,
 {
