@@ -3,8 +3,9 @@
 //! a regular file, never replacing a file that is not one of theirs unless told to
 //! (`--force`), and never half a file at the name asked for: the file is written under a
 //! temporary name in the same directory and renamed into place when complete. Under sudo
-//! the file belongs to the user who ran sudo. The one module of this crate that does
-//! filesystem I/O beyond the streams it is handed, shared by both programs.
+//! the file belongs to the user who ran sudo. With `debug_files`, the one module of
+//! this crate that does filesystem I/O beyond the streams it is handed, shared by both
+//! programs.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};

@@ -9,6 +9,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use lrec_format::{Binary, Chunk, Record, Segment};
 
 use crate::procfs::{self, MapsEntry};
+use lrec_format::debug_files::{self, DebugFile};
 use lrec_format::elf::{self, DebugInfo};
 
 /// A binary to embed: the mapping it was seen in, and for the vDSO its bytes.
@@ -158,22 +159,16 @@ impl std::ops::Deref for Bytes {
 }
 
 /// A stripped binary gets the symbol table of its separate debug file (Debian's `-dbg`
-/// packages, found by build-id), so that its static functions are named offline too.
+/// packages, found by build-id or debuglink), so that its static functions are named
+/// offline too.
 fn add_debug_symbols(binary: &mut Binary, debug_dir: &Path) {
     if binary.section(".symtab").is_some() {
         return;
     }
-    let Some(id) = binary.build_id.as_deref() else {
+    let Some(debug) = separate_debug_file(debug_dir, binary) else {
         return;
     };
-    let file = debug_file(debug_dir, id).and_then(|p| File::open(p).ok());
-    let Some(data) = file.and_then(|f| procfs::map_file(&f).ok()) else {
-        return;
-    };
-    if elf::build_id(&data).as_deref() != Some(id) {
-        return;
-    }
-    let debug = elf::binary_record(&binary.path, &data, DebugInfo::None);
+    let debug = elf::binary_record(&binary.path, &debug.data, DebugInfo::None);
     for name in [".symtab", ".strtab"] {
         match debug.section(name) {
             Some(s) if !s.data.is_empty() => binary.sections.push(s.clone()),
@@ -182,18 +177,16 @@ fn add_debug_symbols(binary: &mut Binary, debug_dir: &Path) {
     }
 }
 
-/// The separate debug file of a build-id under `dir`, where Debian's debug packages put
-/// it (/usr/lib/debug).
-pub fn debug_file(dir: &Path, build_id: &[u8]) -> Option<PathBuf> {
-    let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
-    if hex.len() < 3 {
-        return None;
-    }
-    let p = dir
-        .join(".build-id")
-        .join(&hex[..2])
-        .join(format!("{}.debug", &hex[2..]));
-    p.exists().then_some(p)
+/// The separate debug file of `binary` under `debug_dir` (`--debug-dir`), by the lookup
+/// lanalyze shares.
+pub fn separate_debug_file(debug_dir: &Path, binary: &Binary) -> Option<DebugFile> {
+    debug_files::find_debug_file(
+        debug_dir,
+        &binary.path,
+        binary.build_id.as_deref(),
+        debug_files::debuglink(binary).as_ref(),
+        |_| true,
+    )
 }
 
 /// A mapped file, mapped here read-only: through /proc while the process lives, else

@@ -265,15 +265,16 @@ impl Tracker {
             }
         };
         // Symbols a stripped binary lacks may be in its separate debug file.
-        let build_id = elf::build_id(&data);
-        let debug = build_id
-            .as_ref()
-            .and_then(|id| crate::embedder::debug_file(&self.debug_dir, id))
-            .and_then(|p| std::fs::read(p).ok());
+        let this = lrec_format::Binary {
+            path: path.to_owned(),
+            build_id: elf::build_id(&data),
+            ..Default::default()
+        };
+        let debug = crate::embedder::separate_debug_file(&self.debug_dir, &this);
         let lookup = |name: &str| -> Result<Vec<(u64, u64)>, String> {
             let found = elf::function_symbols(&data, name)?;
             match (&debug, found.is_empty()) {
-                (Some(d), true) => elf::function_symbols(d, name),
+                (Some(d), true) => elf::function_symbols(&d.data, name),
                 _ => Ok(found),
             }
         };
@@ -340,7 +341,7 @@ impl Tracker {
         Resolved {
             functions,
             node,
-            build_id,
+            build_id: this.build_id,
         }
     }
 

@@ -270,16 +270,8 @@ pub fn find_execute(
     if let Some((s, e)) = elf::function_symbol(data, "luaV_execute") {
         return Ok((s, e, "its symbol"));
     }
-    if let Some(debug) = binary
-        .build_id
-        .as_deref()
-        .and_then(|id| crate::embedder::debug_file(debug_dir, id))
-    {
-        let data = File::open(&debug).and_then(|f| crate::procfs::map_file(&f));
-        if let Some((s, e)) = data
-            .ok()
-            .and_then(|d| elf::function_symbol(&d, "luaV_execute"))
-        {
+    if let Some(debug) = crate::embedder::separate_debug_file(debug_dir, binary) {
+        if let Some((s, e)) = elf::function_symbol(&debug.data, "luaV_execute") {
             return Ok((s, e, "the debug file's symbol"));
         }
     }
