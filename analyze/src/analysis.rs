@@ -159,12 +159,22 @@ pub fn run(
     opts: &Options,
     locator: &dyn BinaryLocator,
 ) -> Result<Profile, AnalyzeError> {
+    run_with_images(capture, opts, locator).map(|(profile, _)| profile)
+}
+
+/// The profile, and the images of the capture's binaries as the analysis completed them
+/// (none for a stripped capture).
+pub(crate) fn run_with_images(
+    capture: &Capture,
+    opts: &Options,
+    locator: &dyn BinaryLocator,
+) -> Result<(Profile, Vec<Image>), AnalyzeError> {
     let mut meta = read_metadata(capture);
     if crate::strip::is_stripped(&meta) {
         if opts.mode != Mode::Cpu {
             return Err(AnalyzeError::StrippedCpuOnly);
         }
-        return Ok(crate::strip::read_stripped(&mut meta, opts));
+        return Ok((crate::strip::read_stripped(&mut meta, opts), Vec::new()));
     }
     let kernel = KernelSymbolizer::new(std::mem::take(&mut meta.kernel_symbols));
     let header = meta.header.clone().unwrap_or_default();
@@ -182,7 +192,7 @@ pub fn run(
         0 => DEFAULT_PAGE_SIZE,
         p => u64::from(p),
     };
-    let images = build_images(&meta, locator);
+    let mut images = build_images(&meta, locator);
     let image_of = meta.binary_index();
     let mut mappings_by_pid: BTreeMap<u32, Vec<&Mapping>> = BTreeMap::new();
     for m in &meta.mappings {
@@ -266,12 +276,14 @@ pub fn run(
 
     // Symbolization and assembly work per distinct address, not per frame of each sample.
     let distinct = distinct_frames(&unwound);
+    drop(maps);
+    fetch_missing_names(&mut images, &meta, &distinct.user, locator);
     let names = symbolize_images(&images, &distinct.user, &mut warnings);
     let mut profile = crate::assemble::assemble(
         &meta, header, &images, unwound, &distinct, &names, &kernel, warnings,
     );
     profile.latency = meta.latencies(opts);
-    Ok(profile)
+    Ok((profile, images))
 }
 
 /// The distinct frames of all samples, sorted (so that frame ids do not depend on thread
@@ -337,6 +349,32 @@ fn build_images(meta: &Metadata, locator: &dyn BinaryLocator) -> Vec<Image> {
             image
         })
         .collect()
+}
+
+/// Completes the images that stacks ran in and that nothing names but their exported
+/// symbols, from the locator's remote source (debuginfod), in parallel.
+fn fetch_missing_names(
+    images: &mut [Image],
+    meta: &Metadata,
+    frames: &[UserFrame],
+    locator: &dyn BinaryLocator,
+) {
+    let mut used = vec![false; images.len()];
+    for f in frames {
+        if let UserFrame::Image { image, .. } = f {
+            used[*image] = true;
+        }
+    }
+    images
+        .par_iter_mut()
+        .zip(&meta.binaries)
+        .zip(used)
+        .filter(|((image, _), used)| *used && !image.has_full_names())
+        .for_each(|((image, binary), _)| {
+            if let Some(file) = locator.fetch_debug_info(binary) {
+                image.complete_from(file);
+            }
+        });
 }
 
 /// Frame `i` of `stack`, located, with its current line.

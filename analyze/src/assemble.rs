@@ -13,8 +13,8 @@ use crate::image::{basename, Image};
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
-    BinaryInfo, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile, ProfileSample,
-    SampleKind, Stats, Thread, Wait,
+    BinaryInfo, BinaryNames, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile,
+    ProfileSample, SampleKind, Stats, Thread, Wait,
 };
 use crate::symbolize::KernelSymbolizer;
 use crate::unwind::StackEnd;
@@ -97,6 +97,7 @@ pub(crate) fn assemble(
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_unplaced: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_states: BTreeSet<(u32, bool, u64)> = BTreeSet::new();
+    let binary_names = naming_coverage(images, &unwound, distinct, names);
     for s in unwound.into_iter().flat_map(|c| c.samples) {
         if let Some((g, puc)) = s.lua_vm {
             lua_states.insert((s.pid, puc, g));
@@ -189,6 +190,7 @@ pub(crate) fn assemble(
         threads,
         processes,
         binaries,
+        binary_names,
         lua_vms,
         stats,
         warnings: warnings.into_sorted(),
@@ -196,6 +198,60 @@ pub(crate) fn assemble(
         mode: Default::default(),
         latency: None,
     }
+}
+
+/// Per image: what names it, the samples with a frame in it, and of those the samples with
+/// a frame in it that nothing names.
+fn naming_coverage(
+    images: &[Image],
+    unwound: &[UnwoundChunk],
+    distinct: &DistinctFrames,
+    names: &Names,
+) -> Vec<BinaryNames> {
+    // Per distinct frame: its image and whether it has a name.
+    let place: Vec<Option<(usize, bool)>> = distinct
+        .user
+        .iter()
+        .map(|f| match f {
+            UserFrame::Image {
+                image, lookup_svma, ..
+            } => {
+                let named = names[*image]
+                    .get(lookup_svma)
+                    .is_some_and(|f| !f.is_empty());
+                Some((*image, named))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut coverage: Vec<BinaryNames> = images
+        .iter()
+        .map(|i| BinaryNames {
+            names_from: i.names_from(),
+            ..BinaryNames::default()
+        })
+        .collect();
+    let mut seen: Vec<(usize, bool)> = Vec::new();
+    for (chunk, remap) in unwound.iter().zip(&distinct.remap) {
+        for s in &chunk.samples {
+            seen.clear();
+            let frames = s.user.iter().map(|&l| place[remap[l as usize] as usize]);
+            seen.extend(frames.flatten().map(|(i, named)| (i, !named)));
+            // One entry per image: unnamed if any of its frames is.
+            seen.sort_unstable();
+            seen.dedup_by(|b, a| {
+                a.0 == b.0 && {
+                    a.1 |= b.1;
+                    true
+                }
+            });
+            for &(i, unnamed) in &seen {
+                coverage[i].samples += 1;
+                coverage[i].unnamed += u64::from(unnamed);
+            }
+        }
+    }
+    coverage
 }
 
 /// The threads of `samples`, by (pid, tid), named by `name`; sets each sample's

@@ -3,6 +3,11 @@
 
 use lrec_format::{Binary, Mapping, Section, Segment};
 
+use crate::{Located, Source};
+
+/// Sections that name functions, best first.
+const NAMING_SECTIONS: [&str; 3] = [".debug_info", ".symtab", ".dynsym"];
+
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
 
@@ -17,6 +22,9 @@ pub struct Image {
     pub dwarf_embedded: bool,
     pub error: Option<String>,
     pub resolved_locally: Vec<String>,
+    /// The naming sections (`.debug_info`, `.symtab`, `.dynsym`) that files supplied, with
+    /// where from (the path read, and its source); the capture's own are not listed.
+    pub name_origins: Vec<(&'static str, String, Source)>,
 }
 
 impl Image {
@@ -34,9 +42,10 @@ impl Image {
         image
     }
 
-    /// Adds the sections of a local file that this image lacks (and its segments, if the
+    /// Adds the sections of a file that this image lacks (and its segments, if the
     /// capture had none).
-    pub fn complete_from(&mut self, file: Binary) {
+    pub fn complete_from(&mut self, located: Located) {
+        let Located { file, source } = located;
         if self.segments.is_empty() {
             self.segments = file.segments;
         }
@@ -48,6 +57,12 @@ impl Image {
             };
             if lacking && (!s.data.is_empty() || s.name == ".text") {
                 used |= !s.data.is_empty();
+                if let Some(&naming) = NAMING_SECTIONS.iter().find(|&&n| n == s.name) {
+                    if !s.data.is_empty() {
+                        self.name_origins
+                            .push((naming, file.path.clone(), source.clone()));
+                    }
+                }
                 self.sections.retain(|h| h.name != s.name);
                 self.sections.push(s);
             }
@@ -55,6 +70,44 @@ impl Image {
         if used {
             self.resolved_locally.push(file.path);
         }
+    }
+
+    /// Has a symbol table or DWARF: names static functions, not only exported ones.
+    pub fn has_full_names(&self) -> bool {
+        self.has_dwarf() || self.data(".symtab").is_some()
+    }
+
+    /// What names this image's functions and where it came from: `DWARF (separate debug
+    /// file /usr/lib/debug/…)`, `exported symbols only (.dynsym, embedded)`, `none`.
+    pub fn names_from(&self) -> String {
+        let Some(&section) = NAMING_SECTIONS.iter().find(|n| self.data(n).is_some()) else {
+            return "none".into();
+        };
+        let what = match section {
+            ".debug_info" => "DWARF",
+            ".symtab" => "symbol table",
+            _ => "exported symbols only (.dynsym)",
+        };
+        let origin = self.name_origins.iter().find(|(n, ..)| *n == section);
+        let from = match origin {
+            None => "embedded in the capture".to_owned(),
+            Some((_, path, Source::LocalBinary)) => format!("local file {path}"),
+            Some((_, path, Source::DebugFile)) => format!("separate debug file {path}"),
+            Some((_, path, Source::Debuginfod(server))) if server == "cache" => {
+                format!("debuginfod, cached at {path}")
+            }
+            Some((_, _, Source::Debuginfod(server))) => format!("debuginfod {server}"),
+        };
+        format!("{what}, {from}")
+    }
+
+    /// Files supplied sections the capture lacked.
+    pub fn completed(&self) -> bool {
+        !self.resolved_locally.is_empty()
+    }
+
+    pub fn sections(&self) -> &[Section] {
+        &self.sections
     }
 
     pub fn section(&self, name: &str) -> Option<&Section> {
@@ -122,10 +175,7 @@ pub fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-/// A build-id as it is written: lowercase hex.
-pub fn build_id_hex(id: &[u8]) -> String {
-    id.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use lrec_format::debug_files::build_id_hex;
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,8 @@ mod address_space;
 mod analysis;
 mod assemble;
 mod cfi;
+pub mod debuginfod;
+pub mod embed;
 mod image;
 pub mod loader;
 mod lua;
@@ -36,6 +38,8 @@ pub use profile::{
 pub struct Options {
     /// Never read local files: the result depends on the capture alone.
     pub offline: bool,
+    /// Where separate debug files are looked up (None: `/usr/lib/debug`).
+    pub debug_dir: Option<std::path::PathBuf>,
     /// Keep only samples of this process.
     pub pid: Option<u32>,
     /// Keep only samples of this thread.
@@ -138,12 +142,42 @@ pub struct Wanted {
     pub debug_info: bool,
 }
 
+/// Where a binary's sections came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// The local file at the binary's recorded path.
+    LocalBinary,
+    /// A separate debug file on this machine (`/usr/lib/debug`, a debuglink).
+    DebugFile,
+    /// A debuginfod server (its URL), or `cache` when the shared cache held the file.
+    Debuginfod(String),
+}
+
+/// A file that completes a recorded binary, read as lrec would have embedded it.
+#[derive(Debug, Clone)]
+pub struct Located {
+    pub file: Binary,
+    pub source: Source,
+}
+
+impl Located {
+    pub fn new(file: Binary, source: Source) -> Located {
+        Located { file, source }
+    }
+}
+
 /// Supplies local copies of recorded binaries (or their debug files) that are provably the
 /// recorded build.
 pub trait BinaryLocator: Sync {
-    /// Local files, read as lrec would have embedded them, whose sections complete
-    /// `binary`, best first. `mapping_paths` are the paths it was mapped under.
-    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<Binary>;
+    /// Files whose sections complete `binary`, best first. `mapping_paths` are the paths
+    /// it was mapped under.
+    fn locate(&self, binary: &Binary, mapping_paths: &[&str], wanted: Wanted) -> Vec<Located>;
+
+    /// Names for a binary that samples ran in and that nothing local names (debuginfod):
+    /// asked only once stacks are known, so only binaries that matter are fetched.
+    fn fetch_debug_info(&self, _binary: &Binary) -> Option<Located> {
+        None
+    }
 }
 
 /// A locator that finds nothing: the capture alone is used.
@@ -151,18 +185,14 @@ pub trait BinaryLocator: Sync {
 pub struct NoLocalFiles;
 
 impl BinaryLocator for NoLocalFiles {
-    fn locate(&self, _: &Binary, _: &[&str], _: Wanted) -> Vec<Binary> {
+    fn locate(&self, _: &Binary, _: &[&str], _: Wanted) -> Vec<Located> {
         Vec::new()
     }
 }
 
 /// Analyses a capture, reading local binaries for what it lacks unless `opts.offline`.
 pub fn analyze(capture: &Capture, opts: &Options) -> Result<Profile, AnalyzeError> {
-    if opts.offline {
-        analyze_with(capture, opts, &NoLocalFiles)
-    } else {
-        analyze_with(capture, opts, &loader::LocalFiles::default())
-    }
+    analyze_with(capture, opts, locator(opts).as_ref())
 }
 
 /// What `lrec --latency` or `--node-loop` measured, filtered by `opts` (`mode`, `naming`
@@ -174,6 +204,19 @@ pub fn read_latencies(capture: &Capture, opts: &Options) -> Result<Latencies, An
         Some(_) => AnalyzeError::NoLatency,
         None => AnalyzeError::LatencyCutShort,
     })
+}
+
+/// The locator `opts` asks for: none with `offline`, else local files and debuginfod.
+pub fn locator(opts: &Options) -> Box<dyn BinaryLocator> {
+    if opts.offline {
+        Box::new(NoLocalFiles)
+    } else {
+        let mut files = loader::LocalFiles::default();
+        if let Some(dir) = &opts.debug_dir {
+            files.debug_root = dir.clone();
+        }
+        Box::new(files)
+    }
 }
 
 /// Analyses a capture with local files supplied by `locator`.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use lanalyze::render::{self, StackOptions, StateKey};
-use lanalyze::{analyze, strip, Mode, Naming, Options, Profile, TimeRange};
+use lanalyze::{analyze, embed, strip, Mode, Naming, Options, Profile, TimeRange};
 use lrec_format::files::{OutputFile, OutputOptions};
 use lrec_format::{Capture, FormatError};
 
@@ -24,6 +24,14 @@ EXAMPLES:
     lanalyze --diff before.lrec after.lrec --top 20        what changed, by share of samples
     lanalyze --diff before.lrec after.lrec --flamegraph -o diff.svg
     lanalyze out.lrec --strip -o shared.lrec   a capture without stack memory, to share
+    lanalyze out.lrec --embed-symbols -o full.lrec
+                                               a capture that names everything offline
+
+  Names for stripped binaries (nginx, redis, libc): installed -dbg packages
+  (/usr/lib/debug), else debuginfod by build-id, as gdb and perf fetch them:
+    DEBUGINFOD_URLS=https://debuginfod.debian.net lanalyze out.lrec --info
+  cached in $DEBUGINFOD_CACHE_PATH (default ~/.cache/debuginfod_client); time-outs from
+  DEBUGINFOD_TIMEOUT (seconds, default 10) and DEBUGINFOD_MAXTIME (default 300).
 
   Captures of `lrec --off-cpu` and `lrec --states`:
     lanalyze out.lrec --off-cpu --flamegraph -o off.svg   where threads block, by time blocked
@@ -81,6 +89,12 @@ struct Cli {
     /// output of lanalyze reads it.
     #[arg(long, group = "mode", requires = "output")]
     strip: bool,
+    /// Write a copy of the capture to -o FILE whose binaries carry the symbol tables,
+    /// DWARF and unwind sections this machine supplied (installed debug packages,
+    /// debuginfod): `lanalyze FILE --offline` then names everything on any machine. What
+    /// a bug report should carry. Only binaries that samples ran in are completed.
+    #[arg(long, group = "mode", requires = "output", conflicts_with = "offline")]
+    embed_symbols: bool,
     /// Thread-state table (`lrec --states`): the average number of threads in each group
     /// of --group-by (xtop's "average active threads") and their share of all samples.
     #[arg(long, group = "mode")]
@@ -129,9 +143,15 @@ struct Cli {
     /// lanalyze's.
     #[arg(long, requires = "output")]
     force: bool,
-    /// Read no local files: use only what the capture holds.
+    /// Read no local files and fetch nothing (debuginfod): use only what the capture
+    /// holds.
     #[arg(long)]
     offline: bool,
+    /// Where separate debug files are looked up, by build-id (DIR/.build-id/xx/rest.debug,
+    /// as Debian's -dbg packages install them) and by debuglink; as `lrec --debug-dir`.
+    /// What they lack, debuginfod supplies when DEBUGINFOD_URLS is set.
+    #[arg(long, value_name = "DIR", conflicts_with = "offline")]
+    debug_dir: Option<PathBuf>,
     /// Do not start stacks with the thread name.
     #[arg(long)]
     no_thread_names: bool,
@@ -178,7 +198,14 @@ fn run(cli: Cli) -> Result<()> {
         (true, _) => bail!("--diff compares two captures: lanalyze --diff BEFORE AFTER --top 20"),
         (false, _) => bail!("pass one capture (or two with --diff)"),
     }
-    if cli.diff && (cli.pprof || cli.speedscope || cli.firefox || cli.strip || cli.latency) {
+    if cli.diff
+        && (cli.pprof
+            || cli.speedscope
+            || cli.firefox
+            || cli.strip
+            || cli.latency
+            || cli.embed_symbols)
+    {
         bail!("--diff draws --flamegraph, --folded or --top (the default)");
     }
     if let Some(out) = &cli.output {
@@ -190,12 +217,13 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
     }
-    let binary = cli.pprof || cli.strip;
+    let binary = cli.pprof || cli.strip || cli.embed_symbols;
     if binary && cli.output.is_none() && io::stdout().is_terminal() {
         bail!("this output is binary; write it to a file with -o FILE");
     }
     let opts = Options {
         offline: cli.offline,
+        debug_dir: cli.debug_dir.clone(),
         pid: cli.pid,
         tid: cli.tid,
         time: cli.time,
@@ -218,6 +246,9 @@ fn run(cli: Cli) -> Result<()> {
     }
     if cli.latency {
         return write_latency(&cli, &opts);
+    }
+    if cli.embed_symbols {
+        return embed_symbols(&cli, &opts);
     }
     let profiles = cli
         .captures
@@ -296,6 +327,34 @@ fn write_latency(cli: &Cli, opts: &Options) -> Result<()> {
         render::write_latency(&latencies, cli.per_thread, &mut out)
     };
     finish(written, out)
+}
+
+/// `--embed-symbols`: the capture with its binaries completed.
+fn embed_symbols(cli: &Cli, opts: &Options) -> Result<()> {
+    let path = &cli.captures[0];
+    let capture = open(path)?;
+    let mut out = output(cli.output.as_deref(), cli.force)?;
+    let locator = lanalyze::locator(opts);
+    let written = embed::write_with_symbols(&capture, opts, locator.as_ref(), &mut out);
+    let completed = match written {
+        Ok(c) => c,
+        Err(e) => {
+            if let Output::File(f) = out {
+                f.into_inner().map(|f| f.abandon()).ok();
+            }
+            return Err(e).with_context(|| format!("cannot complete {}", path.display()));
+        }
+    };
+    finish(Ok(()), out)?;
+    if completed.is_empty() {
+        eprintln!(
+            "lanalyze: nothing to add: the capture names what its samples ran in as well as              this machine can (see --info)"
+        );
+    }
+    for c in &completed {
+        eprintln!("lanalyze: embedded {}: {}", c.path, c.names_from);
+    }
+    Ok(())
 }
 
 /// Where the output goes: -o FILE, else stdout.

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use lrec_format::{
     kind, kind_bit, Binary, Capture, End, Header, Latency, LatencyCall, LuaProto, LuaRuntime,
-    Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedFrame, ResolvedSample,
-    ResolvedSummary, ThreadStates,
+    Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedDetails, ResolvedFrame,
+    ResolvedSample, ResolvedSummary, ThreadStates,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -37,6 +37,7 @@ pub struct Metadata {
     pub resolved_frames: Vec<ResolvedFrame>,
     pub resolved_samples: Vec<ResolvedSample>,
     pub resolved_summary: Option<ResolvedSummary>,
+    pub resolved_details: Option<ResolvedDetails>,
     /// `lrec --off-cpu`: time counted per thread without stacks.
     pub off_cpu_totals: Option<OffCpuTotals>,
     /// `lrec --states`: every thread's state, in capture order.
@@ -157,6 +158,7 @@ impl Metadata {
             }
             Record::ResolvedSample(r) => self.resolved_samples.push(r),
             Record::ResolvedSummary(r) => self.resolved_summary = Some(r),
+            Record::ResolvedDetails(r) => self.resolved_details = Some(r),
             Record::OffCpuTotals(t) => self.off_cpu_totals = Some(t),
             Record::ThreadStates(t) => self.thread_states.push(t),
             Record::Latency(l) => self.latency = Some(l),

@@ -222,6 +222,7 @@ pub struct Thread {
 }
 
 /// Where the unwind and symbol data of a binary came from (a stripped capture keeps it).
+pub use lrec_format::BinaryNames;
 pub use lrec_format::ResolvedBinary as BinaryInfo;
 /// A Lua VM found in a recorded process.
 pub use lrec_format::ResolvedLuaVm as LuaVmInfo;
@@ -270,6 +271,9 @@ pub struct Profile {
     /// whether or not its main thread was sampled.
     pub processes: BTreeMap<u32, String>,
     pub binaries: Vec<BinaryInfo>,
+    /// How each of `binaries` was named, in the same order (empty for a stripped capture
+    /// of a lanalyze that did not say).
+    pub binary_names: Vec<BinaryNames>,
     pub lua_vms: Vec<LuaVmInfo>,
     pub stats: Stats,
     pub warnings: Vec<Warning>,

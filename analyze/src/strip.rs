@@ -13,13 +13,14 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use lrec_format::{
-    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, FormatError, Lost, Record,
-    ResolvedFrame, ResolvedFrames, ResolvedSample, ResolvedSummary, ThreadName,
+    resolved_flags as flags, resolved_frame_kind, CaptureWriter, End, FormatError, Lost, LuaStates,
+    Record, ResolvedDetails, ResolvedFrame, ResolvedFrames, ResolvedSample, ResolvedSummary,
+    ThreadName,
 };
 
 use crate::assemble::{index_threads, process_names, sample_stats, thread_name};
 use crate::metadata::Metadata;
-use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd};
+use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd, Stats};
 use crate::Options;
 
 /// Frames per [`ResolvedFrames`] record.
@@ -50,6 +51,17 @@ pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatEr
         }
         .into(),
     )?;
+    let details = ResolvedDetails {
+        binary_names: profile.binary_names.clone(),
+        lua_states: (profile.stats.lua_states.iter())
+            .map(|(&(pid, puc), &vms)| LuaStates {
+                pid,
+                puc,
+                vms: vms as u64,
+            })
+            .collect(),
+    };
+    w.push(&details.into())?;
     for (i, frames) in profile.frames.chunks(FRAMES_PER_RECORD).enumerate() {
         let record = ResolvedFrames {
             first: (i * FRAMES_PER_RECORD) as u32,
@@ -97,6 +109,7 @@ pub(crate) fn is_stripped(meta: &Metadata) -> bool {
 pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
     let header = meta.header.clone().unwrap_or_default();
     let summary = meta.resolved_summary.take().unwrap_or_default();
+    let details = meta.resolved_details.take().unwrap_or_default();
     let frames: Vec<Frame> = meta.resolved_frames.iter().map(frame).collect();
     let valid = |s: &ResolvedSample| s.frames.iter().all(|&f| (f as usize) < frames.len());
     let mut damaged = 0u64;
@@ -127,13 +140,19 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
     warnings.sort();
     Profile {
         end_reason: meta.end.as_ref().map(|e| e.reason.clone()),
-        stats: sample_stats(&samples, meta.lost),
+        stats: Stats {
+            lua_states: (details.lua_states.iter())
+                .map(|s| ((s.pid, s.puc), s.vms as usize))
+                .collect(),
+            ..sample_stats(&samples, meta.lost)
+        },
         header,
         samples,
         frames,
         threads,
         processes,
         binaries: summary.binaries,
+        binary_names: details.binary_names,
         lua_vms: summary.lua_vms,
         warnings,
         naming: opts.naming,

@@ -49,6 +49,18 @@ fn folded_and_info_offline() {
         insta::assert_snapshot!(format!("{name}.folded"), String::from_utf8(folded).unwrap());
         let mut info = Vec::new();
         write_info(&profile, &mut info).unwrap();
-        insta::assert_snapshot!(format!("{name}.info"), String::from_utf8(info).unwrap());
+        let info = String::from_utf8(info).unwrap();
+        insta::assert_snapshot!(format!("{name}.info"), info);
+        // A stripped copy says the same, names and their coverage included.
+        let mut stripped = Vec::new();
+        lanalyze::strip::write_stripped(&profile, &mut stripped).unwrap();
+        let stripped = analyze(&Capture::from_bytes(stripped).unwrap(), &opts).unwrap();
+        let mut again = Vec::new();
+        write_info(&stripped, &mut again).unwrap();
+        assert_eq!(
+            String::from_utf8(again).unwrap(),
+            info,
+            "{name}: stripped --info"
+        );
     }
 }

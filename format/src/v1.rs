@@ -49,6 +49,9 @@ pub mod kind {
     pub const LATENCY: u16 = 25;
     /// One timed call (`--latency-events`, [`LatencyCall`](super::LatencyCall)).
     pub const LATENCY_CALL: u16 = 26;
+    /// What a stripped capture's summary leaves out: how binaries were named, how many Lua
+    /// VMs ran ([`ResolvedDetails`](super::ResolvedDetails)).
+    pub const RESOLVED_DETAILS: u16 = 27;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -500,6 +503,38 @@ pub struct ResolvedBinary {
     pub samples_without_unwind_info: u64,
 }
 
+/// What the analysis behind a stripped capture found that [`ResolvedSummary`] (written by
+/// earlier versions) does not hold, for `lanalyze --info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedDetails {
+    /// How each binary of the summary was named, in the order of its `binaries`.
+    pub binary_names: Vec<BinaryNames>,
+    /// How many Lua VMs (distinct global states) ran in samples, per process and kind.
+    pub lua_states: Vec<LuaStates>,
+}
+
+/// Lua VMs seen running in one process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LuaStates {
+    pub pid: u32,
+    /// PUC Lua (else LuaJIT).
+    pub puc: bool,
+    pub vms: u64,
+}
+
+/// What named a binary's functions, and how many samples it left without names
+/// (`lanalyze::BinaryInfo`'s companion).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct BinaryNames {
+    /// The best naming section and where it came from: `symbol table, debuginfod URL`,
+    /// `exported symbols only (.dynsym), embedded in the capture`, `none`.
+    pub names_from: String,
+    /// Samples with a native frame in the binary.
+    pub samples: u64,
+    /// Of those, samples with a frame in it that no symbol names (shown as `file+0xOFFSET`).
+    pub unnamed: u64,
+}
+
 /// A Lua VM found in a recorded process (`lanalyze::LuaVmInfo`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ResolvedLuaVm {
@@ -599,4 +634,5 @@ records!(
     OffCpuTotals = OFF_CPU_TOTALS,
     Latency = LATENCY,
     LatencyCall = LATENCY_CALL,
+    ResolvedDetails = RESOLVED_DETAILS,
 );

@@ -208,6 +208,25 @@ pub fn score(stacks: &[(Vec<String>, u64)], truth: &Truth) -> Score {
     s
 }
 
+/// Asserts that at least 99 % of the samples with a workload leaf are exact, after
+/// printing the score.
+pub fn assert_exact(score: &Score, what: &str) {
+    eprintln!(
+        "{what}: {}/{} samples exact ({:.2} %), per leaf {:?}",
+        score.exact,
+        score.judged,
+        100.0 * score.fraction(),
+        score.per_leaf
+    );
+    assert!(score.judged > 0, "{what}: no sample had a workload leaf");
+    assert!(
+        score.fraction() >= 0.99,
+        "{what}: only {:.2} % exact; wrong stacks: {:#?}",
+        100.0 * score.fraction(),
+        score.wrong
+    );
+}
+
 /// fixtures/workloads/native.c's true chains.
 pub fn native_truth() -> Truth {
     // Frames inside libc between qsort and the callback (qsort_r, msort_with_tmp, …)

@@ -6,23 +6,6 @@ use std::time::Duration;
 
 use lrec_e2e::*;
 
-fn assert_exact(score: &Score, what: &str) {
-    eprintln!(
-        "{what}: {}/{} samples exact ({:.2} %), per leaf {:?}",
-        score.exact,
-        score.judged,
-        100.0 * score.fraction(),
-        score.per_leaf
-    );
-    assert!(score.judged > 0, "{what}: no sample had a workload leaf");
-    assert!(
-        score.fraction() >= 0.99,
-        "{what}: only {:.2} % exact; wrong stacks: {:#?}",
-        100.0 * score.fraction(),
-        score.wrong
-    );
-}
-
 /// 499 Hz for 5 s on a copy of the workload; then the copy is deleted and `--offline`
 /// must give the very same folded stacks.
 #[test]

@@ -112,7 +112,7 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     }
     writeln!(out)?;
     writeln!(out, "binaries ({})", profile.binaries.len())?;
-    for b in &profile.binaries {
+    for (i, b) in profile.binaries.iter().enumerate() {
         let id = match &b.build_id {
             Some(id) => crate::image::build_id_hex(id),
             None => "(no build-id)".to_owned(),
@@ -132,6 +132,18 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
             ));
         }
         writeln!(out, "      {}", facts.join(", "))?;
+        if let Some(n) = profile.binary_names.get(i) {
+            writeln!(out, "      names: {}", n.names_from)?;
+            if n.samples > 0 {
+                writeln!(
+                    out,
+                    "      {} of its {} samples ({:.1}%) in functions without a name",
+                    n.unnamed,
+                    n.samples,
+                    100.0 * n.unnamed as f64 / n.samples as f64
+                )?;
+            }
+        }
         for local in &b.resolved_locally {
             writeln!(out, "      resolved locally from {local}")?;
         }
