@@ -86,6 +86,32 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Copies capture `from` to `to` with the sections of the binary whose path ends in `/name`
+/// dropped, as when lrec cannot read a binary.
+fn without_sections(from: &Path, to: &Path, name: &str) {
+    use lrec_format::{Capture, CaptureWriter, Record};
+    let capture = Capture::open(from).unwrap();
+    let (records, _) = capture.read_all();
+    let Some(Record::Header(header)) = records.first() else {
+        panic!("no header first in {}", from.display())
+    };
+    let mut w = CaptureWriter::new(std::fs::File::create(to).unwrap(), header).unwrap();
+    for r in &records[1..] {
+        match r {
+            Record::Binary(b) if b.path.ends_with(&format!("/{name}")) => {
+                let cut = lrec_format::Binary {
+                    sections: Vec::new(),
+                    error: Some("simulated: cannot read it".into()),
+                    ..b.clone()
+                };
+                w.push(&Record::Binary(cut)).unwrap();
+            }
+            r => w.push(r).unwrap(),
+        }
+    }
+    w.finish().unwrap();
+}
+
 /// A stripped copy of the native workload and, in `serve/`, its debug file.
 fn stripped_native(dir: &Path) -> (PathBuf, PathBuf) {
     let exe = dir.join("native-stripped");
@@ -113,6 +139,8 @@ fn stripped_binary_is_named_through_debuginfod_then_from_its_cache() {
     }
     let dir = tempfile_dir("debuginfod");
     let (exe, serve) = stripped_native(&dir);
+    // The executable too, for a capture that lacks its sections (below).
+    std::fs::copy(&exe, serve.join("native-stripped")).unwrap();
     let id = build_id(&exe);
     let server = Server::start(&serve, &dir.join("db.sqlite"), &id);
     let cap = dir.join("stripped.lrec");
@@ -175,6 +203,26 @@ fn stripped_binary_is_named_through_debuginfod_then_from_its_cache() {
     assert!(
         info.contains(" 0 of its ") || info.contains("(0.0%) in functions without a name"),
         "{info}"
+    );
+
+    // A capture without the binary's sections (lrec could not read it), the file gone:
+    // its unwind and symbol sections come from the server's /executable.
+    let cut = dir.join("cut.lrec");
+    without_sections(&cap, &cut, "native-stripped");
+    let moved = dir.join("native-stripped.moved");
+    std::fs::rename(&exe, &moved).unwrap();
+    let from_exe = lanalyze_with(
+        &server.url,
+        &dir.join("cache2"),
+        10,
+        &[cut.as_os_str(), "--folded".as_ref()],
+    );
+    std::fs::rename(&moved, &exe).unwrap();
+    let stderr = text(&from_exe.stderr);
+    assert!(stderr.contains("fetching its executable from"), "{stderr}");
+    assert_exact(
+        &score(&parse_folded(&text(&from_exe.stdout)), &native_truth()),
+        "binary's sections and names from debuginfod",
     );
 
     // The server gone: the cache answers, the same stacks.
