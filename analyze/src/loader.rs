@@ -61,7 +61,6 @@ impl BinaryLocator for LocalFiles {
                 &binary.path,
                 binary.build_id.as_deref(),
                 debuglink.as_ref(),
-                |_| true,
             );
             let debug = debug
                 .map(|d| elf::binary_record(&d.path.to_string_lossy(), &d.data, DebugInfo::All));

@@ -50,18 +50,16 @@ pub fn debuglink(binary: &crate::Binary) -> Option<(String, u32)> {
 
 /// The separate debug file of the binary at `binary_path` with `build_id` (and its
 /// debuglink, if it has one), under the debug root `root` (usually `/usr/lib/debug`).
-/// `accept` may refuse a file that is the binary's but useless to the caller (no symbols).
 pub fn find_debug_file(
     root: &Path,
     binary_path: &str,
     build_id: Option<&[u8]>,
     debuglink: Option<&(String, u32)>,
-    accept: impl Fn(&[u8]) -> bool,
 ) -> Option<DebugFile> {
     if let Some(id) = build_id {
         if let Some(path) = build_id_path(root, id) {
             if let Some(data) = map_regular_file(&path) {
-                if crate::elf::build_id(&data).as_deref() == Some(id) && accept(&data) {
+                if crate::elf::build_id(&data).as_deref() == Some(id) {
                     return Some(DebugFile { path, data });
                 }
             }
@@ -84,7 +82,7 @@ pub fn find_debug_file(
             Some(id) => crate::elf::build_id(&data).as_deref() == Some(id),
             None => crc32fast::hash(&data) == *crc,
         };
-        (matches && accept(&data)).then_some(DebugFile { path, data })
+        matches.then_some(DebugFile { path, data })
     })
 }
 
@@ -134,7 +132,7 @@ mod tests {
         let path = build_id_path(dir.path(), &id).unwrap();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::copy(&exe, &path).unwrap();
-        let found = find_debug_file(dir.path(), "/bin/x", Some(&id), None, |_| true);
+        let found = find_debug_file(dir.path(), "/bin/x", Some(&id), None);
         assert_eq!(found.map(|f| f.path), Some(path.clone()));
         // Another build's file at that path is not its debug file.
         let mut other = id.clone();
@@ -142,9 +140,7 @@ mod tests {
         std::fs::create_dir_all(build_id_path(dir.path(), &other).unwrap().parent().unwrap())
             .unwrap();
         std::fs::copy(&exe, build_id_path(dir.path(), &other).unwrap()).unwrap();
-        assert!(find_debug_file(dir.path(), "/bin/x", Some(&other), None, |_| true).is_none());
-        // Refused by the caller.
-        assert!(find_debug_file(dir.path(), "/bin/x", Some(&id), None, |_| false).is_none());
+        assert!(find_debug_file(dir.path(), "/bin/x", Some(&other), None).is_none());
     }
 
     #[test]
@@ -157,9 +153,9 @@ mod tests {
         let binary = binary.to_str().unwrap();
         let crc = crc32fast::hash(b"debug bytes");
         let link = ("x.debug".to_owned(), crc);
-        let found = find_debug_file(dir.path(), binary, None, Some(&link), |_| true);
+        let found = find_debug_file(dir.path(), binary, None, Some(&link));
         assert_eq!(found.map(|f| f.path), Some(bin_dir.join(".debug/x.debug")));
         let wrong = ("x.debug".to_owned(), crc ^ 1);
-        assert!(find_debug_file(dir.path(), binary, None, Some(&wrong), |_| true).is_none());
+        assert!(find_debug_file(dir.path(), binary, None, Some(&wrong)).is_none());
     }
 }

@@ -185,7 +185,6 @@ pub fn separate_debug_file(debug_dir: &Path, binary: &Binary) -> Option<DebugFil
         &binary.path,
         binary.build_id.as_deref(),
         debug_files::debuglink(binary).as_ref(),
-        |_| true,
     )
 }
 

@@ -258,18 +258,21 @@ fn tracks(profile: &Profile) -> Vec<Track<'_>> {
     tracks
 }
 
-/// A process per pid (named as the process is) and a thread per track, in order.
+/// A process per pid (named as the process is) and a thread per track, in order. A
+/// process whose main thread has no track gets it, empty and named as the process: the
+/// app draws a process as its main thread's track, and without one it draws a nameless
+/// empty track above the process's threads.
 fn add_threads(
     profile: &Profile,
     tracks: &[Track],
     clock: &Clock,
     fx: &mut FxProfile,
 ) -> Vec<ThreadHandle> {
-    let mut processes: BTreeMap<u32, ProcessHandle> = BTreeMap::new();
-    tracks
+    let mut processes: BTreeMap<u32, (ProcessHandle, &str, u64)> = BTreeMap::new();
+    let handles = tracks
         .iter()
         .map(|t| {
-            let process = *processes.entry(t.pid).or_insert_with(|| {
+            let (process, ..) = *processes.entry(t.pid).or_insert_with(|| {
                 // The process's own name, not a thread's: its main thread may not have run.
                 let of_pid = || tracks.iter().filter(|u| u.pid == t.pid);
                 let main = of_pid().find(|u| u.tid == u.pid).map(|u| u.name);
@@ -278,13 +281,20 @@ fn add_threads(
                     None => main.unwrap_or(t.name),
                 };
                 let start = of_pid().map(|u| u.first_ns).min().unwrap_or(u64::MAX);
-                fx.add_process(name, t.pid, clock.at(start))
+                (fx.add_process(name, t.pid, clock.at(start)), name, start)
             });
             let thread = fx.add_thread(process, t.tid, clock.at(t.first_ns), t.tid == t.pid);
             fx.set_thread_name(thread, t.name);
             thread
         })
-        .collect()
+        .collect();
+    for (&pid, &(process, name, start)) in &processes {
+        if !tracks.iter().any(|t| t.pid == pid && t.tid == pid) {
+            let main = fx.add_thread(process, pid, clock.at(start), true);
+            fx.set_thread_name(main, name);
+        }
+    }
+    handles
 }
 
 /// The thread that carries the capture's markers: the recorded process's main thread,

@@ -150,7 +150,8 @@ fn threads_processes_and_times() {
     assert_eq!(v["meta"]["interval"], 10.0);
     // The reference is the recording's start: 1e12 ns after the epoch.
     assert_eq!(v["meta"]["startTime"], 1_000_000.0);
-    assert_eq!(v["threads"].as_array().unwrap().len(), 3);
+    // Three sampled threads, and the main thread of process 5, which no sample caught.
+    assert_eq!(v["threads"].as_array().unwrap().len(), 4);
     let app = thread_by_tid(&v, "1");
     assert_eq!(
         (app["pid"].as_str(), app["isMainThread"].as_bool()),
@@ -178,6 +179,13 @@ fn threads_processes_and_times() {
         (Some("5"), Some("helper"))
     );
     assert_eq!(helper["isMainThread"], false);
+    let main5 = thread_by_tid(&v, "5");
+    assert_eq!(
+        (main5["name"].as_str(), main5["processName"].as_str()),
+        (Some("helper"), Some("helper"))
+    );
+    assert_eq!(main5["isMainThread"], true);
+    assert_eq!(main5["samples"]["length"], 0);
     let mut p = profile();
     p.processes.insert(5, "lua-host".into());
     let v = render(&p);
@@ -186,6 +194,7 @@ fn threads_processes_and_times() {
         (helper["name"].as_str(), helper["processName"].as_str()),
         (Some("helper"), Some("lua-host"))
     );
+    assert_eq!(thread_by_tid(&v, "5")["name"], "lua-host");
 }
 
 #[test]
@@ -352,7 +361,8 @@ fn timed_calls_are_interval_markers_on_their_threads() {
         start_ns: 5,
     });
     let v = render(&p);
-    assert_eq!(v["threads"].as_array().unwrap().len(), 4);
+    // 1/1, 1/2, 5/6, 5/5 (process 5's main thread) and the timed-only 1/3.
+    assert_eq!(v["threads"].as_array().unwrap().len(), 5);
     for (tid, start) in [("2", 2.0), ("3", 0.0)] {
         let t = thread_by_tid(&v, tid);
         let markers = &t["markers"];
