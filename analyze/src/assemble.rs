@@ -6,18 +6,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::analysis::{
-    DistinctFrames, Interner, Names, UnwoundChunk, UserFrame, WarningCounter, WithoutUnwindInfo,
-};
-use crate::image::{basename, Image};
+use crate::image::Image;
 use crate::lua::luajit;
 use crate::metadata::Metadata;
 use crate::profile::{
     BinaryInfo, BinaryNames, Frame, FrameId, FrameKind, LuaLines, LuaVmInfo, Naming, Profile,
-    ProfileSample, SampleKind, Stats, Thread, Wait,
+    ProfileSample, SampleKind, Wait,
+};
+use crate::stages::{
+    index_threads, sample_stats, DistinctFrames, Interner, Names, UnwoundChunk, UserFrame,
+    WarningCounter, WithoutUnwindInfo,
 };
 use crate::symbolize::KernelSymbolizer;
-use crate::unwind::StackEnd;
 use crate::waits::wait_frame;
 
 #[allow(clippy::too_many_arguments)]
@@ -89,8 +89,8 @@ pub(crate) fn assemble(
             }
         })
         .collect();
-    let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
-    let processes = process_names(meta, &threads);
+    let threads = index_threads(&mut samples, |pid, tid| meta.thread_name(pid, tid));
+    let processes = meta.process_names(&threads);
 
     let mut stats = sample_stats(&samples, meta.lost);
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
@@ -254,65 +254,6 @@ fn naming_coverage(
     coverage
 }
 
-/// The threads of `samples`, by (pid, tid), named by `name`; sets each sample's
-/// [`ProfileSample::thread`].
-pub(crate) fn index_threads(
-    samples: &mut [ProfileSample],
-    name: impl Fn(u32, u32) -> String,
-) -> Vec<Thread> {
-    // Threads sorted by (pid, tid), each with its index.
-    let mut index: BTreeMap<(u32, u32), usize> =
-        samples.iter().map(|s| ((s.pid, s.tid), 0)).collect();
-    for (i, slot) in index.values_mut().enumerate() {
-        *slot = i;
-    }
-    let mut threads: Vec<Thread> = index
-        .keys()
-        .map(|&(pid, tid)| Thread {
-            pid,
-            tid,
-            name: name(pid, tid),
-            samples: 0,
-        })
-        .collect();
-    for s in samples.iter_mut() {
-        s.thread = index[&(s.pid, s.tid)];
-        threads[s.thread].samples += 1;
-    }
-    threads
-}
-
-/// The counters of a profile's samples; `lost` is what the kernel reported dropped.
-pub(crate) fn sample_stats(samples: &[ProfileSample], lost: u64) -> Stats {
-    let mut stats = Stats {
-        lost,
-        ..Stats::default()
-    };
-    for s in samples {
-        stats.samples += 1;
-        stats.first_time_ns = Some(stats.first_time_ns.map_or(s.time_ns, |t| t.min(s.time_ns)));
-        stats.last_time_ns = Some(stats.last_time_ns.map_or(s.time_ns, |t| t.max(s.time_ns)));
-        match s.end {
-            StackEnd::Complete => {}
-            StackEnd::Truncated => stats.truncated += 1,
-            StackEnd::Failed => stats.failed_unwinds += 1,
-        }
-        stats.kernel_samples += u64::from(s.kernel_mode);
-        if let Some(state) = s.vm_state {
-            *stats
-                .vm_states
-                .entry(luajit::state_name(state))
-                .or_default() += 1;
-        }
-        match s.jit_mapped {
-            Some(true) => stats.jit_mapped += 1,
-            Some(false) => stats.jit_unmapped += 1,
-            None => {}
-        }
-    }
-    stats
-}
-
 /// A kernel frame. Kernel stacks are recorded innermost first; all but the first entry
 /// (`leaf`) are return addresses, looked up one byte before.
 fn kernel_frame(addr: u64, leaf: bool, kernel: &KernelSymbolizer) -> Frame {
@@ -437,29 +378,6 @@ fn lua_function_frame(
         module,
         kind: FrameKind::Lua,
     }
-}
-
-/// The name of each process of `threads`: its main thread's (tid = pid).
-pub(crate) fn process_names(meta: &Metadata, threads: &[Thread]) -> BTreeMap<u32, String> {
-    threads
-        .iter()
-        .map(|t| (t.pid, thread_name(meta, t.pid, t.pid)))
-        .collect()
-}
-
-pub(crate) fn thread_name(meta: &Metadata, pid: u32, tid: u32) -> String {
-    if let Some(name) = meta.thread_names.get(&(pid, tid)) {
-        return name.clone();
-    }
-    if pid == tid {
-        if let Some(p) = meta.processes.iter().find(|p| p.pid == pid) {
-            let name = basename(&p.exe);
-            if !name.is_empty() {
-                return name.to_owned();
-            }
-        }
-    }
-    format!("[tid {tid}]")
 }
 
 fn binary_info(image: &Image) -> BinaryInfo {

@@ -19,6 +19,7 @@ mod lua;
 mod metadata;
 mod profile;
 pub mod render;
+mod stages;
 pub mod strip;
 mod symbolize;
 mod symbols;

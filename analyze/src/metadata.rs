@@ -10,7 +10,7 @@ use lrec_format::{
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use crate::profile::Latencies;
+use crate::profile::{Latencies, Thread};
 use crate::Options;
 
 /// The few non-sample records of a capture.
@@ -94,6 +94,30 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
 }
 
 impl Metadata {
+    /// The name of each process of `threads`: its main thread's (tid = pid).
+    pub fn process_names(&self, threads: &[Thread]) -> std::collections::BTreeMap<u32, String> {
+        threads
+            .iter()
+            .map(|t| (t.pid, self.thread_name(t.pid, t.pid)))
+            .collect()
+    }
+
+    /// A thread's name: as recorded, else (a main thread) its executable's, else `[tid N]`.
+    pub fn thread_name(&self, pid: u32, tid: u32) -> String {
+        if let Some(name) = self.thread_names.get(&(pid, tid)) {
+            return name.clone();
+        }
+        if pid == tid {
+            if let Some(p) = self.processes.iter().find(|p| p.pid == pid) {
+                let name = crate::image::basename(&p.exe);
+                if !name.is_empty() {
+                    return name.to_owned();
+                }
+            }
+        }
+        format!("[tid {tid}]")
+    }
+
     /// The runtime that walked a Lua stack of process `pid` (`flags`: the stack's): its
     /// PUC Lua or its LuaJIT, whichever validated. Captures before the stacks said which
     /// walker made them hold one runtime per process.
@@ -189,7 +213,7 @@ impl Metadata {
         let threads = record.histograms.iter().map(|h| (h.pid, h.tid));
         let thread_names = threads
             .chain(calls.iter().map(|c| (c.pid, c.tid)))
-            .map(|(pid, tid)| ((pid, tid), crate::assemble::thread_name(self, pid, tid)))
+            .map(|(pid, tid)| ((pid, tid), self.thread_name(pid, tid)))
             .collect();
         Some(Latencies {
             record,

@@ -18,9 +18,9 @@ use lrec_format::{
     ThreadName,
 };
 
-use crate::assemble::{index_threads, process_names, sample_stats, thread_name};
 use crate::metadata::Metadata;
 use crate::profile::{Frame, FrameKind, LuaLines, Profile, ProfileSample, StackEnd, Stats};
+use crate::stages::{index_threads, sample_stats};
 use crate::Options;
 
 /// Frames per [`ResolvedFrames`] record.
@@ -124,8 +124,8 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         }
         samples.push(profile_sample(s));
     }
-    let threads = index_threads(&mut samples, |pid, tid| thread_name(meta, pid, tid));
-    let processes = process_names(meta, &threads);
+    let threads = index_threads(&mut samples, |pid, tid| meta.thread_name(pid, tid));
+    let processes = meta.process_names(&threads);
     let mut warnings = summary.warnings;
     warnings.extend(meta.read_warnings.iter().map(|w| crate::Warning {
         message: w.to_string(),

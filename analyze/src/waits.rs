@@ -6,9 +6,9 @@ use std::collections::HashMap;
 use lrec_format::task_state_letter;
 
 use crate::address_space::ProcessMaps;
-use crate::analysis::{locate, ChunkFrames, UnwoundChunk, UnwoundSample, WarningCounter};
 use crate::metadata::Metadata;
 use crate::profile::{Frame, FrameKind, OffCpu, SampleKind, ThreadState, Wait};
+use crate::stages::{locate, ChunkFrames, UnwoundChunk, UnwoundSample, WarningCounter};
 use crate::unwind::CodeAddress;
 use crate::Options;
 

@@ -13,7 +13,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::TRUNCATED_FRAME;
-use crate::analysis::Interner;
+use crate::stages::Interner;
 use crate::{FrameKind, Profile, ProfileSample};
 
 /// The `$schema` every speedscope file names.
