@@ -88,7 +88,7 @@ impl Recording {
             let (binary, e) = file.as_ref()?;
             let (minor, patch) = e.release?;
             Some(
-                crate::puc::find_execute(e.data, binary, minor, &self.debug_dir)
+                crate::lua::puc::find_execute(e.data, binary, minor, &self.debug_dir)
                     .map(|(start, end, found_by)| VmCode {
                         start,
                         end,

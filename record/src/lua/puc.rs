@@ -14,8 +14,8 @@ use lrec_format::elf;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::lua::puc_names::Code;
 use crate::lua::{read_u32, read_u64};
-use crate::puc_names::Code;
 use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
 
 /// One PUC Lua release's layout.

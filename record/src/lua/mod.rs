@@ -1,9 +1,15 @@
 //! The Lua VMs of the recorded processes, LuaJIT's and PUC Lua's: where each process's
 //! interpreter is, which layout it has (LuaJIT: told by validating candidates against the
-//! live process, [`crate::luajit`]; PUC Lua: from its release, [`crate::puc`]), the BPF
+//! live process, [`luajit`]; PUC Lua: from its release, [`puc`]), the BPF
 //! walker's configuration per process, and the capture records of the frames it walks,
 //! each function prototype's names and lines written once. One design of Lua frames,
 //! protos and runtimes serves both VMs.
+
+pub mod luajit;
+pub mod luajit_builtins;
+pub mod luajit_bytecode;
+pub mod puc;
+pub mod puc_names;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,9 +19,8 @@ use lrec_format::{
 };
 use rustc_hash::FxHashMap;
 
-use crate::luajit::{self, Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
-use crate::puc;
 use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, MAX_LUA_RANGES};
+use luajit::{Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
 
 /// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
 /// PUC Lua's luaV_execute.
@@ -391,7 +396,7 @@ impl LuaVms {
             if let Some(code) = mem.and_then(|m| {
                 puc::read_code(m, &rel.abi, f.ptr, f.chunkname, f.firstline, f.sizebc)
             }) {
-                p.callee_names = crate::puc_names::callee_names(&code);
+                p.callee_names = crate::lua::puc_names::callee_names(&code);
             }
             p
         });

@@ -183,14 +183,14 @@ const fn variant(
     l.abi.g_cur_l = g_cur_l;
     l.abi.g_jit_base = g_jit_base;
     if openresty {
-        l.builtins = crate::luajit_builtins::openresty;
+        l.builtins = crate::lua::luajit_builtins::openresty;
         l.abi.cts_stack = CTS_STACK_OPENRESTY;
     }
     l
 }
 
 fn upstream_builtins() -> Vec<&'static str> {
-    crate::luajit_builtins::UPSTREAM.to_vec()
+    crate::lua::luajit_builtins::UPSTREAM.to_vec()
 }
 
 /// The layouts known, tried in order against the live process.
@@ -341,7 +341,7 @@ pub fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {
     })
 }
 
-/// The names the proto's calls give their callees (see [`crate::luajit_bytecode`]),
+/// The names the proto's calls give their callees (see [`crate::lua::luajit_bytecode`]),
 /// read from the proto's block (bytecode, uvinfo and varinfo live in it) and its string
 /// constants.
 fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32, String)>> {
@@ -376,14 +376,14 @@ fn callee_names(mem: &File, l: &Layout, pt: u64, sizebc: u32) -> Option<Vec<(u32
             .ok()?;
         Some(String::from_utf8_lossy(&text).into_owned())
     };
-    let proto = crate::luajit_bytecode::Proto {
+    let proto = crate::lua::luajit_bytecode::Proto {
         bc: &bc,
         kstr: &kstr,
         uvinfo: inside(l.pt_uvinfo),
         varinfo: inside(l.pt_varinfo),
         fr2: l.gc64(),
     };
-    Some(crate::luajit_bytecode::callee_names(&proto))
+    Some(crate::lua::luajit_bytecode::callee_names(&proto))
 }
 
 /// Bytes per lineinfo entry, and entries: a byte, halfword or word per bytecode
