@@ -97,8 +97,13 @@ pub(crate) fn assemble(
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_unplaced: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_states: BTreeSet<(u32, bool, u64)> = BTreeSet::new();
-    let binary_names = naming_coverage(images, &unwound, distinct, names);
-    for s in unwound.into_iter().flat_map(|c| c.samples) {
+    let mut coverage = NamingCoverage::new(images, distinct, names);
+    let samples_with_remap = unwound
+        .into_iter()
+        .zip(&distinct.remap)
+        .flat_map(|(c, remap)| c.samples.into_iter().map(move |s| (s, remap)));
+    for (s, remap) in samples_with_remap {
+        coverage.add(&s.user, remap);
         if let Some((g, puc)) = s.lua_vm {
             lua_states.insert((s.pid, puc, g));
         }
@@ -113,6 +118,7 @@ pub(crate) fn assemble(
         }
     }
 
+    let binary_names = coverage.per_image;
     for (pid, n) in no_mappings {
         warnings.add_n(
             format!(
@@ -153,7 +159,7 @@ pub(crate) fn assemble(
     }
     for image in images {
         if let Some(e) = &image.error {
-            if image.resolved_locally.is_empty() {
+            if !image.completed() {
                 warnings.add(format!(
                     "{}: lrec could not embed it ({e}) and no matching local file was found",
                     image.path
@@ -202,56 +208,64 @@ pub(crate) fn assemble(
 
 /// Per image: what names it, the samples with a frame in it, and of those the samples with
 /// a frame in it that nothing names.
-fn naming_coverage(
-    images: &[Image],
-    unwound: &[UnwoundChunk],
-    distinct: &DistinctFrames,
-    names: &Names,
-) -> Vec<BinaryNames> {
-    // Per distinct frame: its image and whether it has a name.
-    let place: Vec<Option<(usize, bool)>> = distinct
-        .user
-        .iter()
-        .map(|f| match f {
-            UserFrame::Image {
-                image, lookup_svma, ..
-            } => {
-                let named = names[*image]
-                    .get(lookup_svma)
-                    .is_some_and(|f| !f.is_empty());
-                Some((*image, named))
-            }
-            _ => None,
-        })
-        .collect();
-    let mut coverage: Vec<BinaryNames> = images
-        .iter()
-        .map(|i| BinaryNames {
-            names_from: i.names_from(),
-            ..BinaryNames::default()
-        })
-        .collect();
-    let mut seen: Vec<(usize, bool)> = Vec::new();
-    for (chunk, remap) in unwound.iter().zip(&distinct.remap) {
-        for s in &chunk.samples {
-            seen.clear();
-            let frames = s.user.iter().map(|&l| place[remap[l as usize] as usize]);
-            seen.extend(frames.flatten().map(|(i, named)| (i, !named)));
-            // One entry per image: unnamed if any of its frames is.
-            seen.sort_unstable();
-            seen.dedup_by(|b, a| {
-                a.0 == b.0 && {
-                    a.1 |= b.1;
-                    true
+struct NamingCoverage {
+    per_image: Vec<BinaryNames>,
+    /// Per distinct frame: its image and whether it has a name.
+    place: Vec<Option<(usize, bool)>>,
+    /// One sample's (image, unnamed) pairs.
+    seen: Vec<(usize, bool)>,
+}
+
+impl NamingCoverage {
+    fn new(images: &[Image], distinct: &DistinctFrames, names: &Names) -> NamingCoverage {
+        let place = distinct
+            .user
+            .iter()
+            .map(|f| match f {
+                UserFrame::Image {
+                    image, lookup_svma, ..
+                } => {
+                    let named = names[*image]
+                        .get(lookup_svma)
+                        .is_some_and(|f| !f.is_empty());
+                    Some((*image, named))
                 }
-            });
-            for &(i, unnamed) in &seen {
-                coverage[i].samples += 1;
-                coverage[i].unnamed += u64::from(unnamed);
-            }
+                _ => None,
+            })
+            .collect();
+        let per_image = images
+            .iter()
+            .map(|i| BinaryNames {
+                names_from: i.names_from(),
+                ..BinaryNames::default()
+            })
+            .collect();
+        NamingCoverage {
+            per_image,
+            place,
+            seen: Vec::new(),
         }
     }
-    coverage
+
+    /// Counts a sample of user frames `user` (its chunk's indices, `remap`ped to distinct).
+    fn add(&mut self, user: &[u32], remap: &[u32]) {
+        self.seen.clear();
+        let frames = user.iter().map(|&l| self.place[remap[l as usize] as usize]);
+        self.seen
+            .extend(frames.flatten().map(|(i, named)| (i, !named)));
+        // One entry per image: unnamed if any of its frames is.
+        self.seen.sort_unstable();
+        self.seen.dedup_by(|b, a| {
+            a.0 == b.0 && {
+                a.1 |= b.1;
+                true
+            }
+        });
+        for &(i, unnamed) in &self.seen {
+            self.per_image[i].samples += 1;
+            self.per_image[i].unnamed += u64::from(unnamed);
+        }
+    }
 }
 
 /// A kernel frame. Kernel stacks are recorded innermost first; all but the first entry
@@ -386,7 +400,7 @@ fn binary_info(image: &Image) -> BinaryInfo {
         build_id: image.build_id.clone(),
         sections_embedded: image.sections_embedded,
         dwarf_embedded: image.dwarf_embedded,
-        resolved_locally: image.resolved_locally.clone(),
+        resolved_locally: image.resolved_locally(),
         has_unwind_info: image.has_unwind_info(),
         has_dwarf: image.has_dwarf(),
         error: image.error.clone(),

@@ -40,8 +40,8 @@ impl Artifact {
 pub struct Fetched {
     pub path: PathBuf,
     pub data: memmap2::Mmap,
-    /// The server it came from; empty when it was already cached.
-    pub server: String,
+    /// The server it came from; None when the cache held it.
+    pub server: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,8 +133,11 @@ impl Debuginfod {
         let path = dir.join(what.name());
         match cached(&path, build_id, self.miss_ttl) {
             Cached::Hit(data) => {
-                let server = String::new();
-                return Some(Fetched { path, data, server });
+                return Some(Fetched {
+                    path,
+                    data,
+                    server: None,
+                })
             }
             Cached::KnownMissing => return None,
             Cached::No => {}
@@ -154,6 +157,7 @@ impl Debuginfod {
                     }
                     std::fs::rename(&tmp, &path).ok()?;
                     let data = map_regular_file(&path)?;
+                    let server = Some(server);
                     return Some(Fetched { path, data, server });
                 }
                 Ok(None) => {}
@@ -451,7 +455,7 @@ mod tests {
         // No server is asked for what the cache holds.
         let d = client("http://127.0.0.1:9", dir.path(), 100);
         let hit = d.fetch(&id, Artifact::Executable, "x").expect("cached");
-        assert!(hit.server.is_empty());
+        assert!(hit.server.is_none());
         // A file of another build at the path is not a hit.
         let mut other = id.clone();
         other[0] ^= 0xff;

@@ -7,6 +7,8 @@ use crate::{Located, Source};
 
 /// Sections that name functions, best first.
 const NAMING_SECTIONS: [&str; 3] = [".debug_info", ".symtab", ".dynsym"];
+/// Those that name static functions too, not only exported ones.
+pub const FULL_NAMES: [&str; 2] = [".debug_info", ".symtab"];
 
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
@@ -21,10 +23,16 @@ pub struct Image {
     pub sections_embedded: bool,
     pub dwarf_embedded: bool,
     pub error: Option<String>,
-    pub resolved_locally: Vec<String>,
-    /// The naming sections (`.debug_info`, `.symtab`, `.dynsym`) that files supplied, with
-    /// where from (the path read, and its source); the capture's own are not listed.
-    pub name_origins: Vec<(&'static str, String, Source)>,
+    /// The sections files supplied, each with where from; the capture's own are not listed.
+    pub origins: Vec<Origin>,
+}
+
+/// A section a file supplied: its name, the file's path and what found the file.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub section: String,
+    pub path: String,
+    pub source: Source,
 }
 
 impl Image {
@@ -49,32 +57,39 @@ impl Image {
         if self.segments.is_empty() {
             self.segments = file.segments;
         }
-        let mut used = false;
         for s in file.sections {
             let lacking = match self.section(&s.name) {
                 None => true,
                 Some(have) => have.data.is_empty() && !s.data.is_empty(),
             };
             if lacking && (!s.data.is_empty() || s.name == ".text") {
-                used |= !s.data.is_empty();
-                if let Some(&naming) = NAMING_SECTIONS.iter().find(|&&n| n == s.name) {
-                    if !s.data.is_empty() {
-                        self.name_origins
-                            .push((naming, file.path.clone(), source.clone()));
-                    }
+                if !s.data.is_empty() {
+                    self.origins.push(Origin {
+                        section: s.name.clone(),
+                        path: file.path.clone(),
+                        source: source.clone(),
+                    });
                 }
                 self.sections.retain(|h| h.name != s.name);
                 self.sections.push(s);
             }
         }
-        if used {
-            self.resolved_locally.push(file.path);
+    }
+
+    /// The files that supplied sections, in the order they were read.
+    pub fn resolved_locally(&self) -> Vec<String> {
+        let mut paths: Vec<String> = Vec::new();
+        for o in &self.origins {
+            if !paths.contains(&o.path) {
+                paths.push(o.path.clone());
+            }
         }
+        paths
     }
 
     /// Has a symbol table or DWARF: names static functions, not only exported ones.
     pub fn has_full_names(&self) -> bool {
-        self.has_dwarf() || self.data(".symtab").is_some()
+        FULL_NAMES.iter().any(|n| self.data(n).is_some())
     }
 
     /// What names this image's functions and where it came from: `DWARF (separate debug
@@ -88,22 +103,20 @@ impl Image {
             ".symtab" => "symbol table",
             _ => "exported symbols only (.dynsym)",
         };
-        let origin = self.name_origins.iter().find(|(n, ..)| *n == section);
-        let from = match origin {
+        let origin = self.origins.iter().find(|o| o.section == section);
+        let from = match origin.map(|o| (&o.source, &o.path)) {
             None => "embedded in the capture".to_owned(),
-            Some((_, path, Source::LocalBinary)) => format!("local file {path}"),
-            Some((_, path, Source::DebugFile)) => format!("separate debug file {path}"),
-            Some((_, path, Source::Debuginfod(server))) if server == "cache" => {
-                format!("debuginfod, cached at {path}")
-            }
-            Some((_, _, Source::Debuginfod(server))) => format!("debuginfod {server}"),
+            Some((Source::LocalBinary, path)) => format!("local file {path}"),
+            Some((Source::DebugFile, path)) => format!("separate debug file {path}"),
+            Some((Source::DebuginfodCache, path)) => format!("debuginfod, cached at {path}"),
+            Some((Source::Debuginfod(server), _)) => format!("debuginfod {server}"),
         };
         format!("{what}, {from}")
     }
 
     /// Files supplied sections the capture lacked.
     pub fn completed(&self) -> bool {
-        !self.resolved_locally.is_empty()
+        !self.origins.is_empty()
     }
 
     pub fn sections(&self) -> &[Section] {
@@ -174,8 +187,6 @@ pub fn bias_for_mapping(segments: &[Segment], mapping: &Mapping, page_size: u64)
 pub fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
-
-pub use lrec_format::debug_files::build_id_hex;
 
 #[cfg(test)]
 mod tests {

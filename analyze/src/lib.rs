@@ -150,8 +150,10 @@ pub enum Source {
     LocalBinary,
     /// A separate debug file on this machine (`/usr/lib/debug`, a debuglink).
     DebugFile,
-    /// A debuginfod server (its URL), or `cache` when the shared cache held the file.
+    /// A debuginfod server (its URL).
     Debuginfod(String),
+    /// The debuginfod cache that gdb, perf and lanalyze share, from an earlier download.
+    DebuginfodCache,
 }
 
 /// A file that completes a recorded binary, read as lrec would have embedded it.

@@ -89,23 +89,21 @@ impl LocalFiles {
             &fetched.data,
             DebugInfo::All,
         );
-        let server = match fetched.server.as_str() {
-            "" => "cache".to_owned(),
-            s => s.to_owned(),
+        let source = match fetched.server {
+            Some(server) => Source::Debuginfod(server),
+            None => Source::DebuginfodCache,
         };
-        file.error
-            .is_none()
-            .then(|| Located::new(file, Source::Debuginfod(server)))
+        file.error.is_none().then(|| Located::new(file, source))
     }
 }
 
 fn has_debug_info(f: &Binary) -> bool {
-    f.section(".debug_info").is_some_and(|s| !s.data.is_empty())
+    f.data(".debug_info").is_some()
 }
 
-/// A debug file worth using: it names functions.
+/// A debug file worth using: it names static functions.
 fn has_names(f: &Binary) -> bool {
-    has_debug_info(f) || f.section(".symtab").is_some_and(|s| !s.data.is_empty())
+    crate::image::FULL_NAMES.iter().any(|n| f.data(n).is_some())
 }
 
 fn same_build(binary: &Binary, file: &Binary) -> bool {

@@ -171,6 +171,11 @@ impl Binary {
     pub fn section(&self, name: &str) -> Option<&Section> {
         self.sections.iter().find(|s| s.name == name)
     }
+
+    /// A section's bytes, if present and non-empty.
+    pub fn data(&self, name: &str) -> Option<&[u8]> {
+        Some(self.section(name)?.data.as_slice()).filter(|d| !d.is_empty())
+    }
 }
 
 /// x86_64 user registers at the sample. `#[repr(C)]` with the layout of `struct lrec_regs`

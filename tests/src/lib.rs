@@ -350,6 +350,14 @@ pub fn mode(path: &Path) -> u32 {
 }
 
 /// A fresh directory under the system temp dir.
+/// A TCP port on 127.0.0.1 nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 pub fn tempfile_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("lrec-e2e-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);

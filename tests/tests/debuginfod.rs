@@ -21,11 +21,7 @@ struct Server {
 impl Server {
     /// Starts serving `dir` and waits until it serves `build_id`'s debuginfo.
     fn start(dir: &Path, db: &Path, build_id: &str) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let child = Command::new("debuginfod")
             .args(["-F", "-p", &port.to_string(), "-d"])
             .arg(db)
@@ -67,10 +63,9 @@ fn status(port: u16, path: &str) -> Option<u16> {
     std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
 }
 
-fn build_id(path: &Path) -> String {
+fn build_id(path: &Path) -> Vec<u8> {
     let data = std::fs::read(path).unwrap();
-    let id = lrec_format::elf::build_id(&data).expect("the fixture has a build-id");
-    lrec_format::debug_files::build_id_hex(&id)
+    lrec_format::elf::build_id(&data).expect("the fixture has a build-id")
 }
 
 /// `lanalyze ARGS…` with `DEBUGINFOD_URLS=urls` and its cache in `cache`.
@@ -141,7 +136,7 @@ fn stripped_binary_is_named_through_debuginfod_then_from_its_cache() {
     let (exe, serve) = stripped_native(&dir);
     // The executable too, for a capture that lacks its sections (below).
     std::fs::copy(&exe, serve.join("native-stripped")).unwrap();
-    let id = build_id(&exe);
+    let id = lrec_format::debug_files::build_id_hex(&build_id(&exe));
     let server = Server::start(&serve, &dir.join("db.sqlite"), &id);
     let cap = dir.join("stripped.lrec");
     record_command(&cap, 499, &[exe.as_ref(), "4".as_ref()]);
@@ -269,11 +264,7 @@ fn servers_that_do_not_answer_cost_one_time_out_each() {
     let (exe, _) = stripped_native(&dir);
     let cap = dir.join("stripped.lrec");
     record_command(&cap, 199, &[exe.as_ref(), "2".as_ref()]);
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let closed = free_port();
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_port = silent.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -332,11 +323,9 @@ fn debian_lua_and_libc_are_named_through_debuginfod() {
         ),
     ] {
         let id = build_id(&binary);
-        let debug = PathBuf::from(format!(
-            "/usr/lib/debug/.build-id/{}/{}.debug",
-            &id[..2],
-            &id[2..]
-        ));
+        let debug = lrec_format::debug_files::build_id_path(Path::new("/usr/lib/debug"), &id)
+            .expect("a build-id of 2 bytes or more");
+        let id = lrec_format::debug_files::build_id_hex(&id);
         if installed(debug.to_str().unwrap(), "the -dbg packages").is_none() {
             return;
         }

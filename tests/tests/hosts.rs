@@ -7,7 +7,7 @@
 //! Each sample in a hot function must show its exact Lua chain above the host's native call
 //! into Lua, and no Lua frame may stand anywhere else.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,14 +16,6 @@ use std::time::{Duration, Instant};
 
 use lrec_e2e::*;
 use regex::Regex;
-
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
 
 /// Waits until something listens on `port` (a server starting).
 fn wait_for_port(port: u16, what: &str) {

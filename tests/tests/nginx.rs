@@ -64,14 +64,6 @@ fn nginx_under_load(tag: &str, path: &str, wrk_args: &[&str]) -> Option<(PathBuf
     Some((dir, master, wrk))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn nginx_workers_show_the_handler_chain() {
     let Some(_guard) = bpf_test("nginx_workers_show_the_handler_chain") else {
