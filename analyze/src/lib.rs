@@ -13,6 +13,7 @@ mod assemble;
 mod cfi;
 pub mod debuginfod;
 pub mod embed;
+pub mod heap;
 mod image;
 pub mod loader;
 mod lua;

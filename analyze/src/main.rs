@@ -46,12 +46,18 @@ EXAMPLES:
     lanalyze out.lrec --latency                           per function: p50, p99, histogram;
                                                           Node.js event-loop phases per thread
     lanalyze out.lrec --latency --per-thread              a row per function and thread
-    lanalyze out.lrec --latency --csv -o latency.csv      a CSV row per function";
+    lanalyze out.lrec --latency --csv -o latency.csv      a CSV row per function
+
+  Captures of `lrec -p PID --lua-heap` (what holds a Lua VM's memory):
+    lanalyze heap.lrec --heap                             census and the largest paths
+    lanalyze heap.lrec --heap --flamegraph -o heap.svg    memory flame graph by path
+    lanalyze heap.lrec --heap --csv -o objects.csv        a row per object
+    lanalyze --diff before.lrec after.lrec --heap         what grew between two snapshots";
 
 /// Analyse an lrec capture: unwind, symbolize and render it.
 #[derive(Debug, Parser)]
 #[command(version, after_help = EXAMPLES)]
-#[command(group(clap::ArgGroup::new("tables").args(["states", "latency"])))]
+#[command(group(clap::ArgGroup::new("tables").args(["states", "latency", "heap"])))]
 struct Cli {
     /// The capture written by `lrec -o` (with --diff: the BEFORE and AFTER captures).
     #[arg(required = true, num_args = 1..=2, value_name = "CAPTURE")]
@@ -106,6 +112,15 @@ struct Cli {
     /// of the loop's time. Reads only the capture's metadata: no sample is unwound.
     #[arg(long, group = "mode", conflicts_with_all = ["time", "off_cpu", "wall"])]
     latency: bool,
+    /// The Lua heap of a capture of `lrec --lua-heap`: per VM, its objects by type with
+    /// their sizes as the VM counts them (checked against the collector's own count), and
+    /// the largest reference paths from the roots (package.loaded, _G, the registry, the
+    /// main thread), as `package.loaded["app"].cache[*]` or `_G.handler<upvalue pool>`.
+    /// With --top N: N paths; --flamegraph: a memory flame graph by path; --folded; --csv:
+    /// a row per object; --diff BEFORE AFTER: the paths that grew.
+    #[arg(long, conflicts_with_all = ["off_cpu", "wall", "time", "strip", "pprof",
+        "speedscope", "firefox", "embed_symbols", "lines", "mark_jit"])]
+    heap: bool,
     /// With --latency: a row per function and thread (pid, tid, thread name).
     #[arg(long, requires = "latency")]
     per_thread: bool,
@@ -197,6 +212,9 @@ fn run(cli: Cli) -> Result<()> {
         (true, 2) | (false, 1) => {}
         (true, _) => bail!("--diff compares two captures: lanalyze --diff BEFORE AFTER --top 20"),
         (false, _) => bail!("pass one capture (or two with --diff)"),
+    }
+    if cli.heap {
+        return write_heap(&cli);
     }
     if cli.diff
         && (cli.pprof
@@ -310,6 +328,33 @@ fn run(cli: Cli) -> Result<()> {
     // The process exits next, which frees the profiles' memory at once.
     std::mem::forget(profiles);
     result
+}
+
+/// `--heap`: the Lua heap snapshots of the capture (or the growth between two).
+fn write_heap(cli: &Cli) -> Result<()> {
+    use lanalyze::heap::{read_heaps, report};
+    let reports = cli
+        .captures
+        .iter()
+        .map(|path| {
+            let mut reports = read_heaps(&open(path)?)
+                .with_context(|| format!("cannot read the Lua heap of {}", path.display()))?;
+            reports.retain(|r| cli.pid.is_none_or(|p| r.vm.pid == p));
+            Ok(reports)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = output(cli.output.as_deref(), cli.force)?;
+    let top = cli.top.unwrap_or(20);
+    let written = match reports.as_slice() {
+        [before, after] if cli.flamegraph => report::write_diff_flamegraph(before, after, &mut out),
+        [before, after] => report::write_diff(before, after, top, &mut out),
+        [one] if cli.csv => report::write_csv(one, &mut out),
+        [one] if cli.flamegraph => report::write_flamegraph(one, &mut out),
+        [one] if cli.folded => report::write_folded(one, &mut out),
+        [one] => report::write_summary(one, top, &mut out),
+        _ => unreachable!("one capture, or two with --diff"),
+    };
+    finish(written, out)
 }
 
 /// `--latency`: reads only what lrec timed, no samples.

@@ -55,9 +55,12 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
         .chunks()
         .par_iter()
         .map(|chunk| {
-            // Chunks of samples (and their Lua stacks) only need not be inflated here.
-            let samples =
-                kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK) | kind_bit(kind::OFF_CPU);
+            // Chunks of samples (and their Lua stacks) or of heap memory only need not be
+            // inflated here.
+            let samples = kind_bit(kind::SAMPLE)
+                | kind_bit(kind::LUA_STACK)
+                | kind_bit(kind::OFF_CPU)
+                | kind_bit(kind::LUA_HEAP_MEMORY);
             if chunk.kinds & !samples == 0 {
                 return (Vec::new(), Vec::new());
             }
@@ -65,7 +68,12 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
             // Samples are skipped undecoded here; the unwinding pass visits them.
             let warnings = capture.visit_chunk(
                 chunk,
-                |k| k != kind::SAMPLE && k != kind::LUA_STACK && k != kind::OFF_CPU,
+                |k| {
+                    k != kind::SAMPLE
+                        && k != kind::LUA_STACK
+                        && k != kind::OFF_CPU
+                        && k != kind::LUA_HEAP_MEMORY
+                },
                 |r| {
                     if let RecordRef::Other(r) = r {
                         if !matches!(r, Record::Unknown { .. }) {
@@ -190,6 +198,9 @@ impl Metadata {
             Record::Sample(_)
             | Record::OffCpu(_)
             | Record::LuaStack(_)
+            | Record::LuaHeap(_)
+            | Record::LuaHeapCopy(_)
+            | Record::LuaHeapMemory(_)
             | Record::Unknown { .. } => {}
         }
     }

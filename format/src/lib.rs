@@ -26,10 +26,12 @@ pub mod debug_files;
 #[cfg(feature = "elf")]
 pub mod elf;
 pub mod files;
+pub mod heap;
 mod reader;
 pub mod v1;
 mod writer;
 
+pub use heap::*;
 pub use reader::{Capture, ChunkRef, ReadWarning};
 pub use v1::*;
 pub use writer::{CaptureSink, CaptureWriter, Chunk, SampleSpan};

@@ -4,6 +4,7 @@
 //! in a chunk as `kind: u16, len: u32, payload`. A reader that meets a kind it does not know
 //! skips `len` bytes and counts it, so new record kinds never break old readers.
 
+use crate::heap::{LuaHeap, LuaHeapCopy, LuaHeapMemory};
 use serde::{Deserialize, Serialize};
 
 mod latency;
@@ -52,6 +53,12 @@ pub mod kind {
     /// What a stripped capture's summary leaves out: how binaries were named, how many Lua
     /// VMs ran ([`ResolvedDetails`](super::ResolvedDetails)).
     pub const RESOLVED_DETAILS: u16 = 27;
+    /// A Lua VM of a heap snapshot ([`LuaHeap`](crate::heap::LuaHeap)).
+    pub const LUA_HEAP: u16 = 28;
+    /// What a process's heap snapshot cost ([`LuaHeapCopy`](crate::heap::LuaHeapCopy)).
+    pub const LUA_HEAP_COPY: u16 = 29;
+    /// A piece of a heap snapshot's memory ([`LuaHeapMemory`](crate::heap::LuaHeapMemory)).
+    pub const LUA_HEAP_MEMORY: u16 = 30;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -640,4 +647,7 @@ records!(
     Latency = LATENCY,
     LatencyCall = LATENCY_CALL,
     ResolvedDetails = RESOLVED_DETAILS,
+    LuaHeap = LUA_HEAP,
+    LuaHeapCopy = LUA_HEAP_COPY,
+    LuaHeapMemory = LUA_HEAP_MEMORY,
 );

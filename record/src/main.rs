@@ -2,6 +2,7 @@
 
 mod embedder;
 mod flight;
+mod heap;
 mod kallsyms;
 mod latency;
 mod lua;
@@ -73,6 +74,27 @@ pub struct Args {
     /// out.1.lrec, out.2.lrec, … (default: lrec-PID.1.lrec, …).
     #[arg(long, value_name = "SECS", requires = "target", value_parser = positive_secs)]
     pub flight: Option<f64>,
+    /// Lua heap snapshot: copy the memory the target's LuaJIT VMs keep their objects in,
+    /// raw, with each VM's state (several VMs and processes alike), for `lanalyze --heap`
+    /// (what holds the memory, by reference path) and `lanalyze --diff A B --heap` (what
+    /// grew). With -p the snapshot is taken at once and lrec ends, unless -d asks for
+    /// CPU samples too; with `-- CMD` it is taken when -d runs out. SIGUSR1 takes another
+    /// while lrec records.
+    #[arg(long, conflicts_with = "flight")]
+    pub lua_heap: bool,
+    /// With --lua-heap: stop every thread of the process while its memory is copied (by
+    /// ptrace; lrec reports for how long), for a snapshot of one moment. Without it the
+    /// copy is taken while the process runs, and objects may change under it.
+    #[arg(long, requires = "lua_heap")]
+    pub freeze: bool,
+    /// With --lua-heap: copy at most this many MiB of a process's memory.
+    #[arg(
+        long,
+        default_value_t = 4096,
+        value_name = "MIB",
+        requires = "lua_heap"
+    )]
+    pub lua_heap_max: u64,
     /// Output file (default: lrec-PID.lrec in the current directory).
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,

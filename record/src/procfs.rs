@@ -405,6 +405,11 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Whether process `pid` still exists.
+pub fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Wall-clock time in nanoseconds since the Unix epoch.
 pub fn realtime_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME)

@@ -23,6 +23,7 @@ use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
 mod ending;
+mod heap;
 mod maps;
 mod threads;
 mod vms;
@@ -151,7 +152,9 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         }
     };
     rec.lua.sampling_started();
-    if attached && rec.lua.layouts_pending() {
+    // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
+    let heap_only = args.lua_heap && attached && args.duration.is_none();
+    if attached && rec.lua.layouts_pending() && !heap_only {
         let (took, samples) = warm_up(&mut sampler, &mut rec, target.pidfd())?;
         if !args.quiet {
             let ms = took.as_millis();
@@ -181,6 +184,14 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         install_lua_configs(&mut sampler, &mut rec)?;
     }
     rec.flush()?;
+    let mut heap_snapshots = 0;
+    if args.lua_heap && attached {
+        let vms = rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+        heap_snapshots += 1;
+        if vms == 0 && heap_only {
+            eprintln!("lrec: warning: no LuaJIT VM found in the target: the snapshot holds none");
+        }
+    }
 
     let flush_every = match args.flight {
         Some(_) => FLIGHT_FLUSH_EVERY,
@@ -242,8 +253,15 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         if DUMP.swap(false, Ordering::Relaxed) {
             match args.flight {
                 Some(_) => rec.dump("SIGUSR1")?,
+                None if args.lua_heap => {
+                    rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+                    heap_snapshots += 1;
+                }
                 None => eprintln!("lrec: SIGUSR1 does nothing without --flight; recording goes on"),
             }
+        }
+        if heap_only {
+            break "heap snapshot taken".to_string();
         }
         if status && last_status.elapsed() >= Duration::from_secs(1) {
             rec.print_status(started.elapsed());
@@ -254,6 +272,9 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             break format!("signal {sig}");
         }
         if deadline.is_some_and(|d| started.elapsed() >= d) {
+            if args.lua_heap && !attached {
+                rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+            }
             break "duration".to_string();
         }
         if let Some(exit) = target.exited() {
@@ -417,6 +438,8 @@ struct Recording {
     warming_up: bool,
     warm_up_samples: u64,
     late: u64,
+    /// `--lua-heap`: VMs snapshotted so far.
+    heap_vms: u32,
 }
 
 impl Recording {
@@ -450,6 +473,7 @@ impl Recording {
             warming_up: false,
             warm_up_samples: 0,
             late: 0,
+            heap_vms: 0,
         }
     }
 

@@ -12,7 +12,9 @@ use std::sync::{Mutex, MutexGuard};
 use regex::Regex;
 
 mod lua;
+mod nginx;
 pub use lua::*;
+pub use nginx::*;
 
 /// Recordings share two cores: run them one at a time so they do not skew each other.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -4,51 +4,17 @@
 //! C frames; with `--off-cpu`, requests waiting in ngx.sleep and in a cosocket read show
 //! the handler chain that waits (fixtures/nginx).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lrec_e2e::*;
-
-/// Starts nginx from fixtures/nginx in `prefix`; returns the master's pid.
-fn start_nginx(prefix: &Path, port: u16) -> u32 {
-    let src = root().join("fixtures/nginx");
-    std::fs::create_dir_all(prefix.join("lua")).unwrap();
-    std::fs::create_dir_all(prefix.join("tmp")).unwrap();
-    for lua in ["handler.lua", "waits.lua"] {
-        std::fs::copy(src.join("lua").join(lua), prefix.join("lua").join(lua)).unwrap();
-    }
-    let conf = std::fs::read_to_string(src.join("nginx.conf"))
-        .unwrap()
-        .replace("@PREFIX@", prefix.to_str().unwrap())
-        .replace("@PORT@", &port.to_string());
-    std::fs::write(prefix.join("nginx.conf"), conf).unwrap();
-    run(Command::new("/usr/sbin/nginx")
-        .arg("-p")
-        .arg(prefix)
-        .arg("-c")
-        .arg(prefix.join("nginx.conf")));
-    let pid_file = prefix.join("nginx.pid");
-    let t0 = Instant::now();
-    loop {
-        if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-            if let Ok(pid) = pid.trim().parse() {
-                return pid;
-            }
-        }
-        assert!(t0.elapsed() < Duration::from_secs(5), "nginx did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// nginx from fixtures/nginx, with wrk (WRK_ARGS) requesting PATH for 10 s, after 1 s of
 /// it: (its prefix, the master's pid, wrk); None (said) when nginx, its lua module or wrk
 /// is missing.
 fn nginx_under_load(tag: &str, path: &str, wrk_args: &[&str]) -> Option<(PathBuf, u32, Child)> {
-    if installed("/usr/sbin/nginx", "nginx + lua").is_none()
-        || installed("/usr/lib/nginx/modules/ngx_http_lua_module.so", "nginx lua").is_none()
-        || installed("/usr/bin/wrk", "wrk").is_none()
-    {
+    if !nginx_installed() || installed("/usr/bin/wrk", "wrk").is_none() {
         return None;
     }
     let dir = tempfile_dir(tag);

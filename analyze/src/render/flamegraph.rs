@@ -58,7 +58,7 @@ fn fit(title: String, subtitle: Option<String>) -> (String, Option<String>) {
 
 /// Draws collapsed stack lines (`stack COUNT`, or `stack BEFORE AFTER` for a differential
 /// flame graph).
-pub(super) fn draw(
+pub(crate) fn draw(
     lines: &[String],
     title: String,
     subtitle: Option<String>,

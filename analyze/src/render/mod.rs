@@ -13,6 +13,7 @@ mod top;
 
 pub use diff::{write_diff_flamegraph, write_diff_folded, write_diff_top};
 pub use firefox::write_firefox;
+pub(crate) use flamegraph::draw as draw_flamegraph;
 pub use flamegraph::write_flamegraph;
 pub use folded::{folded_lines, folded_stacks, write_folded};
 pub use info::write_info;

@@ -5,6 +5,7 @@
 //! each function prototype's names and lines written once. One design of Lua frames,
 //! protos and runtimes serves both VMs.
 
+pub mod heap;
 pub mod luajit;
 pub mod luajit_builtins;
 pub mod luajit_bytecode;
@@ -283,6 +284,15 @@ impl LuaVms {
     pub fn take_luajit_binaries(&mut self) -> &[String] {
         let n = std::mem::take(&mut self.new_luajit);
         &self.luajit_binaries[self.luajit_binaries.len() - n..]
+    }
+
+    /// The Lua VMs mapped in `pid`: LuaJIT's interpreter code, and the path of a binary
+    /// holding a PUC Lua interpreter.
+    pub fn vms_of(&self, pid: u32) -> (Option<&[VmCode]>, Option<&str>) {
+        (
+            self.luajit.get(&pid).map(|p| p.code.as_slice()),
+            self.puc.get(&pid).map(|p| p.path.as_str()),
+        )
     }
 
     /// Records (runtimes, protos) to write before the sample at hand.

@@ -23,6 +23,8 @@ pub struct Summary {
     pub off_cpu: Option<OffCpuSummary>,
     /// `--states`: thread-state samples taken.
     pub state_samples: u64,
+    /// `--lua-heap`: Lua VMs snapshotted (summed over the snapshots).
+    pub heap_vms: u32,
 }
 
 /// The off-CPU intervals of a recording.
@@ -94,13 +96,23 @@ impl Summary {
                 self.state_samples
             );
         }
-        eprintln!(
-            "lrec: wrote {} ({}, {} B/sample)",
-            output.display(),
-            human_bytes(self.bytes),
-            self.bytes.checked_div(self.samples).unwrap_or(0),
-        );
-        print_next(output);
+        if self.heap_vms > 0 {
+            eprintln!(
+                "lrec: wrote {} ({}, Lua heap snapshots of {} VM(s))",
+                output.display(),
+                human_bytes(self.bytes),
+                self.heap_vms
+            );
+            eprintln!("lrec: next: lanalyze {} --heap", output.display());
+        } else {
+            eprintln!(
+                "lrec: wrote {} ({}, {} B/sample)",
+                output.display(),
+                human_bytes(self.bytes),
+                self.bytes.checked_div(self.samples).unwrap_or(0),
+            );
+            print_next(output);
+        }
         for (name, runs, time) in bpf_cost {
             let us = time.as_nanos() as f64 / 1000.0;
             // The sampler also runs for other processes' and idle CPUs' ticks, which it
@@ -274,6 +286,7 @@ impl Recording {
             bytes,
             off_cpu: self.off_cpu_summary.take(),
             state_samples: self.state_samples,
+            heap_vms: self.heap_vms,
         })
     }
 }
