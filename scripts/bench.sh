@@ -10,6 +10,7 @@
 #      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
 #   8. Per-sample cost on the target's own CPU beside perf's, floor subtracted (ONLY=cost).
 #   9. The profilers' own CPU per sample at steady state, 999 Hz, start-up apart (ONLY=own).
+#  10. A Lua heap snapshot of a ~230 MiB LuaJIT heap: time stopped, capture size, analysis (ONLY=heap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -82,7 +83,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in native|offcpu|latency|jp|host|cost|own) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in native|offcpu|latency|jp|host|cost|own|heap) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -329,5 +330,12 @@ fi
 if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = own ]; } && [ "$(nproc)" -ge 2 ]; then
   echo
   python3 scripts/own_cpu.py --rounds "${OWN_ROUNDS:-3}" --secs "${OWN_SECS:-12}" "${cases[@]}"
+fi
+
+# 10. A Lua heap snapshot of a ~230 MiB LuaJIT heap (scripts/heap_bench.sh): the time the
+#     process stood stopped (--freeze), the capture's size and the analysis time.
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = heap ]; then
+  echo
+  scripts/heap_bench.sh
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

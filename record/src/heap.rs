@@ -54,7 +54,7 @@ pub fn copy_writable(pid: u32, max_bytes: u64) -> io::Result<HeapCopy> {
             continue;
         }
         let mut buf = vec![0u8; len as usize];
-        copy.unreadable += read_region(&mem, e.start, &mut buf);
+        copy.unreadable += read_region(pid, &mem, e.start, &mut buf);
         copy.bytes += len;
         copy.regions.push((e.start, buf));
     }
@@ -62,13 +62,14 @@ pub fn copy_writable(pid: u32, max_bytes: u64) -> io::Result<HeapCopy> {
     Ok(copy)
 }
 
-/// Reads `buf.len()` bytes at `addr`, a megabyte at a time, page by page where that
-/// fails; returns the bytes that could not be read.
-fn read_region(mem: &File, addr: u64, buf: &mut [u8]) -> u64 {
+/// Reads `buf.len()` bytes at `addr`, a megabyte at a time (process_vm_readv, several
+/// times faster than /proc/PID/mem), page by page where that fails; returns the bytes
+/// that could not be read.
+fn read_region(pid: u32, mem: &File, addr: u64, buf: &mut [u8]) -> u64 {
     let mut unreadable = 0;
     for (i, piece) in buf.chunks_mut(1 << 20).enumerate() {
         let at = addr + (i as u64) * (1 << 20);
-        if read_full(mem, at, piece) {
+        if read_vm(pid, at, piece) || read_full(mem, at, piece) {
             continue;
         }
         for (j, page) in piece.chunks_mut(PAGE as usize).enumerate() {
@@ -79,6 +80,22 @@ fn read_region(mem: &File, addr: u64, buf: &mut [u8]) -> u64 {
         }
     }
     unreadable
+}
+
+/// One process_vm_readv of all of `buf`.
+fn read_vm(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: `local` covers `buf`, which lives across the call; the remote range is
+    // only read, in the other process.
+    let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize
 }
 
 fn read_full(mem: &File, addr: u64, buf: &mut [u8]) -> bool {
