@@ -21,13 +21,46 @@ const N: u64 = 20_000;
 const LEN: u64 = 100;
 const GROW: u64 = 10_000;
 
-/// LuaJIT's string size (lj_str_size): the GCstr header, then the bytes and a NUL,
-/// rounded up to 4.
-fn str_size(gc64: bool, len: u64) -> u64 {
-    (if gc64 { 24 } else { 20 }) + ((len + 4) & !3)
+/// What a VM allocates for the workload's objects.
+#[derive(Clone, Copy)]
+struct Sizes {
+    /// A string's header; LuaJIT rounds the bytes and their NUL up to 4 (lj_str_size),
+    /// PUC Lua does not (sizelstring).
+    str_header: u64,
+    str_round4: bool,
+    /// A Lua closure with one upvalue, and the upvalue.
+    closure1: u64,
+    upvalue: u64,
 }
 
-/// heap.lua running under a LuaJIT, its output read line by line.
+const GC64: Sizes = Sizes {
+    str_header: 24,
+    str_round4: true,
+    closure1: 48,
+    upvalue: 48,
+};
+const GC32: Sizes = Sizes {
+    str_header: 20,
+    str_round4: true,
+    closure1: 24,
+    upvalue: 24,
+};
+/// PUC Lua 5.2 and 5.4 (5.1's closures are 8 bytes bigger, 5.3's upvalues 8 smaller).
+const PUC: Sizes = Sizes {
+    str_header: 24,
+    str_round4: false,
+    closure1: 40,
+    upvalue: 40,
+};
+
+fn str_size(s: Sizes, len: u64) -> u64 {
+    match s.str_round4 {
+        true => s.str_header + ((len + 4) & !3),
+        false => s.str_header + len + 1,
+    }
+}
+
+/// heap.lua running under a Lua, its output read line by line.
 struct Workload {
     child: Child,
     lines: Receiver<String>,
@@ -35,9 +68,9 @@ struct Workload {
 }
 
 impl Workload {
-    fn start(luajit: &Path, dir: &Path) -> Workload {
+    fn start(lua: &Path, dir: &Path) -> Workload {
         let go = dir.join("go");
-        let mut child = Command::new(luajit)
+        let mut child = Command::new(lua)
             .arg(lua_workload("heap.lua"))
             .args([N, LEN, GROW].map(|n| n.to_string()))
             .arg(&go)
@@ -150,12 +183,12 @@ fn assert_all(what: &str, sizes: &[u64], count: u64, size: u64) {
     );
 }
 
-fn heap_is_exact(what: &str, luajit: &Path, gc64: bool) {
+fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
     let Some(_guard) = bpf_test(what) else {
         return;
     };
     let dir = tempfile_dir(&what.replace(' ', "-"));
-    let w = Workload::start(luajit, &dir);
+    let w = Workload::start(lua, &dir);
     w.wait_for("ready 1");
     let pid = w.child.id();
     let before = snapshot(&dir, "before.lrec", pid, true);
@@ -167,25 +200,25 @@ fn heap_is_exact(what: &str, luajit: &Path, gc64: bool) {
         &format!("{what}: {cache}[*]"),
         &sizes_at(&rows, &format!("{cache}[*]"), "string"),
         N,
-        str_size(gc64, LEN),
+        str_size(sizes, LEN),
     );
     let pool = "_G.handler<upvalue pool>";
     assert_all(
         &format!("{what}: {pool}[*]"),
         &sizes_at(&rows, &format!("{pool}[*]"), "string"),
         100,
-        str_size(gc64, 200),
+        str_size(sizes, 200),
     );
-    // The closure (one upvalue: sizeof(GCfuncL)) and its upvalue (sizeof(GCupval)).
-    let (func, upval) = if gc64 { (48, 48) } else { (24, 24) };
-    assert_eq!(sizes_at(&rows, "_G.handler", "function"), [func], "{what}");
-    assert_eq!(sizes_at(&rows, pool, "upvalue"), [upval], "{what}");
+    // The closure (one upvalue) and its upvalue.
+    let func = sizes_at(&rows, "_G.handler", "function");
+    assert_eq!(func, [sizes.closure1], "{what}");
+    assert_eq!(sizes_at(&rows, pool, "upvalue"), [sizes.upvalue], "{what}");
     assert_eq!(sizes_at(&rows, pool, "table").len(), 1, "{what}: the pool");
     assert_all(
         &format!("{what}: _G.co<stack>[*]"),
         &sizes_at(&rows, "_G.co<stack>[*]", "string"),
         50,
-        str_size(gc64, 100),
+        str_size(sizes, 100),
     );
     assert_eq!(sizes_at(&rows, "_G.co", "thread").len(), 1, "{what}");
 
@@ -207,7 +240,7 @@ fn heap_is_exact(what: &str, luajit: &Path, gc64: bool) {
         &format!("{what}: after"),
         &grown,
         N + GROW,
-        str_size(gc64, LEN),
+        str_size(sizes, LEN),
     );
     let diff = lanalyze(&[
         "--diff".as_ref(),
@@ -231,18 +264,80 @@ fn heap_is_exact(what: &str, luajit: &Path, gc64: bool) {
 
 #[test]
 fn upstream_gc64_heap() {
-    heap_is_exact("heap gc64", &fixture_bin("luajit-gc64"), true);
+    heap_is_exact("heap gc64", &fixture_bin("luajit-gc64"), GC64);
 }
 
 #[test]
 fn upstream_gc32_heap() {
-    heap_is_exact("heap gc32", &fixture_bin("luajit-gc32"), false);
+    heap_is_exact("heap gc32", &fixture_bin("luajit-gc32"), GC32);
 }
 
 #[test]
 fn debian_luajit_heap() {
     if let Some(lj) = installed("/usr/bin/luajit", "Debian luajit heap") {
-        heap_is_exact("heap debian luajit", &lj, true);
+        heap_is_exact("heap debian luajit", &lj, GC64);
+    }
+}
+
+#[test]
+fn puc_heaps() {
+    let lua51 = Sizes {
+        closure1: 48,
+        ..PUC
+    };
+    let lua53 = Sizes { upvalue: 32, ..PUC };
+    for (minor, sizes) in [(1, lua51), (2, PUC), (3, lua53), (4, PUC)] {
+        let path = format!("/usr/bin/lua5.{minor}");
+        if let Some(lua) = installed(&path, "Debian PUC Lua heap") {
+            heap_is_exact(&format!("heap lua5.{minor}"), &lua, sizes);
+        }
+    }
+    heap_is_exact("heap lua 5.4.9", &fixture_bin("lua5.4-static"), PUC);
+}
+
+/// Lua 5.5 keeps its main thread inside its global state: lrec does not read its heap,
+/// and says so rather than writing an empty snapshot silently.
+#[test]
+fn lua55_heap_is_refused_aloud() {
+    let Some(_guard) = bpf_test("lua55_heap_is_refused_aloud") else {
+        return;
+    };
+    let dir = tempfile_dir("heap-lua55");
+    let w = Workload::start(&fixture_bin("lua5.5"), &dir);
+    w.wait_for("ready 1");
+    let out = run(Command::new(bin("lrec"))
+        .args(["-p", &w.child.id().to_string(), "--lua-heap", "-q", "-o"])
+        .arg(dir.join("55.lrec")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read the heap of this release"),
+        "lrec should say it cannot read Lua 5.5's heap:\n{err}"
+    );
+}
+
+/// A host running one Lua 5.4 VM per thread (fixtures/workloads/lua_host.c, stripped):
+/// each VM found, and each census whole.
+#[test]
+fn puc_host_vms_per_thread() {
+    let Some(_guard) = bpf_test("puc_host_vms_per_thread") else {
+        return;
+    };
+    let dir = tempfile_dir("heap-puc-host");
+    let mut host = Command::new(fixture_bin("puc-host"))
+        .args(["30", "2"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let capture = snapshot(&dir, "host.lrec", host.id(), true);
+    let found = found_percent(&capture);
+    let _ = host.kill();
+    let _ = host.wait();
+    assert_eq!(found.len(), 2, "two VMs, one per thread: {found:?}");
+    for f in found {
+        assert!(
+            (f - 100.0).abs() <= 1.0,
+            "puc-host: census {f} % of the collector's"
+        );
     }
 }
 
@@ -291,7 +386,7 @@ fn nginx_workers_heaps_are_separate() {
             &format!("nginx worker {worker}"),
             &sizes,
             n,
-            str_size(true, 100),
+            str_size(GC64, 100),
         );
     }
     assert!(

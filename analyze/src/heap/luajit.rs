@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use lrec_format::LuaHeap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::luajit_layouts::{Objects, GC32, GC64, NODE};
 use super::{Kind, Memory, Object, Via, VmHeap};
 
 /// `~LJ_T*` (GCHeader.gct) of each collectable type.
@@ -35,99 +36,6 @@ const MAX_NAME: usize = 200;
 const CTSTATE_SIZE: u64 = 464;
 /// Bytes of GG_State past the dispatch table (bcff: GG_NUM_ASMFF instructions).
 const GG_TAIL: u64 = 57 * 4;
-
-/// Where the fields of each object lie: fixed by GC64 (8-byte references) or GC32.
-struct Objects {
-    refsize: u64,
-    gct: u64,
-    tab_size: u64,
-    tab_colo: u64,
-    tab_array: u64,
-    tab_meta: u64,
-    tab_node: u64,
-    tab_asize: u64,
-    tab_hmask: u64,
-    fn_env: u64,
-    lfn_uv: u64,
-    cfn_uv: u64,
-    uv_size: u64,
-    uv_closed: u64,
-    uv_tv: u64,
-    ud_size: u64,
-    ud_env: u64,
-    ud_len: u64,
-    ud_meta: u64,
-    cd_size: u64,
-    cd_ctypeid: u64,
-    ctype_size: u64,
-    tr_size: u64,
-    tr_nsnap: u64,
-    tr_nins: u64,
-    tr_nk: u64,
-    tr_nsnapmap: u64,
-}
-
-const GC64: Objects = Objects {
-    refsize: 8,
-    gct: 9,
-    tab_size: 64,
-    tab_colo: 11,
-    tab_array: 16,
-    tab_meta: 32,
-    tab_node: 40,
-    tab_asize: 48,
-    tab_hmask: 52,
-    fn_env: 16,
-    lfn_uv: 40,
-    cfn_uv: 48,
-    uv_size: 48,
-    uv_closed: 10,
-    uv_tv: 16,
-    ud_size: 48,
-    ud_env: 16,
-    ud_len: 24,
-    ud_meta: 32,
-    cd_size: 16,
-    cd_ctypeid: 10,
-    ctype_size: 24,
-    tr_size: 120,
-    tr_nsnap: 10,
-    tr_nins: 12,
-    tr_nk: 40,
-    tr_nsnapmap: 44,
-};
-
-const GC32: Objects = Objects {
-    refsize: 4,
-    gct: 5,
-    tab_size: 32,
-    tab_colo: 7,
-    tab_array: 8,
-    tab_meta: 16,
-    tab_node: 20,
-    tab_asize: 24,
-    tab_hmask: 28,
-    fn_env: 8,
-    lfn_uv: 20,
-    cfn_uv: 32,
-    uv_size: 24,
-    uv_closed: 6,
-    uv_tv: 8,
-    ud_size: 24,
-    ud_env: 8,
-    ud_len: 12,
-    ud_meta: 16,
-    cd_size: 8,
-    cd_ctypeid: 6,
-    ctype_size: 16,
-    tr_size: 96,
-    tr_nsnap: 6,
-    tr_nins: 8,
-    tr_nk: 24,
-    tr_nsnapmap: 28,
-};
-/// sizeof(Node): value, key, next (and GC32's freetop).
-const NODE: u64 = 24;
 
 /// The build's offsets lrec recorded with the snapshot.
 struct Offsets {

@@ -3,13 +3,16 @@
 //! retained by reference path from the roots (`package.loaded["app"].cache[*]`,
 //! `_G.handler<upvalue pool>`), walked offline from the raw memory the capture holds.
 //!
-//! Each VM's object model is its own module ([`luajit`]); this one walks any of them:
+//! Each VM's object model is its own module ([`luajit`], [`puc`]); this one walks any of them:
 //! objects are reached breadth-first from the roots in order (package.loaded, _G, the
 //! registry, the main thread), so each object is attributed to its shortest path, and the
 //! first root that reaches it. The paths form a tree whose widths are retained bytes.
 
 pub mod luajit;
+mod luajit_layouts;
 mod memory;
+pub mod puc;
+mod puc_layouts;
 pub mod report;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -398,6 +401,10 @@ pub fn read_heaps(capture: &Capture) -> Result<Vec<HeapReport>> {
         let report = match vm.vm.as_str() {
             v if v.starts_with("LuaJIT") => {
                 let heap = luajit::Heap::new(memory, &vm)?;
+                analyze_vm(&heap, vm, copy)
+            }
+            v if v.starts_with("Lua 5.") => {
+                let heap = puc::Heap::new(memory, &vm)?;
                 analyze_vm(&heap, vm, copy)
             }
             other => bail!("the heap of {other} cannot be read by this lanalyze"),

@@ -96,6 +96,43 @@ fn min_lua_state_size(l: &Layout) -> u64 {
     l.abi.l_cframe as u64 + 16
 }
 
+/// PUC Lua: where lua_State.l_G and global_State.mainthread lie, by minor release (x86_64,
+/// default luaconf.h; 5.5 keeps its main thread inside global_State and is not read).
+fn puc_offsets(minor: u32) -> Option<(u64, u64)> {
+    Some(match minor {
+        1 => (32, 176),
+        2 => (24, 264),
+        3 => (24, 200),
+        4 => (24, 264),
+        _ => return None,
+    })
+}
+
+/// The PUC Lua VMs (their global_State) in `mem`, of release 5.`minor`: each main thread
+/// (an object of the thread type) whose l_G's mainthread is itself. None when the release
+/// cannot be read.
+pub fn find_puc(mem: &Regions, minor: u32) -> Option<Vec<u64>> {
+    let (l_g, mainthread) = puc_offsets(minor)?;
+    let mut found = Vec::new();
+    for (start, data) in mem.0 {
+        // 8-byte steps: from 5.3 on a state follows LUA_EXTRASPACE in its block.
+        for i in 0..data.len() / 8 {
+            // CommonHeader: `next`, then the type byte (LUA_TTHREAD, 8).
+            if data.get(8 * i + 8) != Some(&8) {
+                continue;
+            }
+            let l = start + 8 * i as u64;
+            let Some(g) = mem.u64_at(l + l_g) else {
+                continue;
+            };
+            if g != 0 && mem.u64_at(g + mainthread) == Some(l) && !found.contains(&g) {
+                found.push(g);
+            }
+        }
+    }
+    Some(found)
+}
+
 /// The offsets lanalyze's heap walker reads (analyze/src/heap/luajit.rs), by name.
 pub fn offsets(vm: &HeapVm) -> Vec<(String, u32)> {
     let (l, a) = (vm.layout, &vm.layout.abi);

@@ -286,13 +286,16 @@ impl LuaVms {
         &self.luajit_binaries[self.luajit_binaries.len() - n..]
     }
 
-    /// The Lua VMs mapped in `pid`: LuaJIT's interpreter code, and the path of a binary
-    /// holding a PUC Lua interpreter.
-    pub fn vms_of(&self, pid: u32) -> (Option<&[VmCode]>, Option<&str>) {
-        (
-            self.luajit.get(&pid).map(|p| p.code.as_slice()),
-            self.puc.get(&pid).map(|p| p.path.as_str()),
-        )
+    /// LuaJIT's interpreter code in `pid`, if it maps one.
+    pub fn luajit_code(&self, pid: u32) -> Option<&[VmCode]> {
+        self.luajit.get(&pid).map(|p| p.code.as_slice())
+    }
+
+    /// The binary holding `pid`'s PUC Lua interpreter, with its release (minor, patch).
+    pub fn puc_release(&self, pid: u32) -> Option<(String, u32, u32)> {
+        let p = self.puc.get(&pid)?;
+        let (minor, patch) = p.code.first()?.release?;
+        Some((p.path.clone(), minor, patch))
     }
 
     /// Records (runtimes, protos) to write before the sample at hand.

@@ -1,13 +1,14 @@
 //! Lua heap snapshots (`--lua-heap`, and SIGUSR1 while it records): for each recorded
 //! process that maps a Lua VM, its writable memory copied raw ([`crate::heap`]) with the
-//! state and layout of each LuaJIT VM found in it ([`crate::lua::heap`]).
+//! state and layout of each Lua VM found in it ([`crate::lua::heap`]): LuaJIT's, and PUC
+//! Lua 5.1–5.4's.
 
 use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
 
 use super::Recording;
 use crate::heap::{copy_writable, Frozen};
-use crate::lua::heap::{find_luajit, offsets, Regions};
+use crate::lua::heap::{find_luajit, find_puc, offsets, Regions};
 use crate::output::human_bytes;
 use crate::procfs;
 
@@ -19,16 +20,11 @@ impl Recording {
         pids.sort_unstable();
         let mut vms = 0;
         for pid in pids {
-            let (luajit, puc) = self.lua.vms_of(pid);
-            let Some(code) = luajit.map(<[_]>::to_vec) else {
-                if let Some(path) = puc {
-                    eprintln!(
-                        "lrec: warning: process {pid} runs PUC Lua ({path}): its heap is not \
-                         snapshotted (only LuaJIT's heap is, so far)"
-                    );
-                }
+            let luajit = self.lua.luajit_code(pid).map(<[_]>::to_vec);
+            let puc = self.lua.puc_release(pid);
+            if luajit.is_none() && puc.is_none() {
                 continue;
-            };
+            }
             let frozen = match freeze {
                 true => Some(Frozen::new(pid)?),
                 false => None,
@@ -44,25 +40,52 @@ impl Recording {
             };
             let stopped = frozen.as_ref().map(Frozen::stopped);
             drop(frozen);
-            let found = find_luajit(&Regions(&copy.regions), &code);
+            let mem = Regions(&copy.regions);
+            let mut found: Vec<LuaHeap> = Vec::new();
             let mut errors = Vec::new();
-            if found.is_empty() {
-                errors.push(
-                    "no LuaJIT VM state found in the copied memory (its layout is none lrec \
-                     knows, or the VM lives in memory lrec does not copy)"
-                        .to_string(),
-                );
+            let heap = |vm: String, layout: String, g: u64, offsets| LuaHeap {
+                pid,
+                snapshot: n,
+                vm,
+                layout,
+                g,
+                offsets,
+                time_ns,
+            };
+            if let Some(code) = &luajit {
+                let vms = find_luajit(&mem, code);
+                if vms.is_empty() {
+                    errors.push(
+                        "no LuaJIT VM state found in the copied memory (its layout is none lrec \
+                         knows, or the VM lives in memory lrec does not copy)"
+                            .to_string(),
+                    );
+                }
+                for vm in vms {
+                    let name = vm.layout.name.to_string();
+                    found.push(heap("LuaJIT 2.1".into(), name, vm.g, offsets(&vm)));
+                }
+            }
+            if let Some((path, minor, patch)) = &puc {
+                match find_puc(&mem, *minor) {
+                    None => errors.push(format!(
+                        "Lua 5.{minor}.{patch} ({path}): lrec cannot read the heap of this \
+                         release (5.1 to 5.4 it can)"
+                    )),
+                    Some(gs) if gs.is_empty() => errors.push(format!(
+                        "no Lua 5.{minor} state found in the copied memory ({path}; a luaconf.h \
+                         other than the default's?)"
+                    )),
+                    Some(gs) => {
+                        for g in gs {
+                            let layout = format!("5.{minor}.{patch}");
+                            found.push(heap(format!("Lua 5.{minor}"), layout, g, Vec::new()));
+                        }
+                    }
+                }
             }
             for vm in &found {
-                self.writer.push(&Record::LuaHeap(LuaHeap {
-                    pid,
-                    snapshot: n,
-                    vm: "LuaJIT 2.1".into(),
-                    layout: vm.layout.name.into(),
-                    g: vm.g,
-                    offsets: offsets(vm),
-                    time_ns,
-                }))?;
+                self.writer.push(&Record::LuaHeap(vm.clone()))?;
             }
             for (start, data) in &copy.regions {
                 for (i, piece) in data.chunks(HEAP_PIECE).enumerate() {
@@ -90,10 +113,12 @@ impl Recording {
                 Some(d) => format!("process stopped {:.1} ms", d.as_secs_f64() * 1e3),
                 None => "live, not stopped".to_string(),
             };
+            let kinds: Vec<&str> = found.iter().map(|v| v.vm.as_str()).collect();
             eprintln!(
-                "lrec: heap snapshot {n} of {pid}: {} LuaJIT VM(s), {} copied in {:.0} ms \
+                "lrec: heap snapshot {n} of {pid}: {} Lua VM(s) ({}), {} copied in {:.0} ms \
                  ({how}){}",
                 found.len(),
+                kinds.join(", "),
                 human_bytes(copy.bytes),
                 copy.took.as_secs_f64() * 1e3,
                 match copy.skipped {
