@@ -279,7 +279,9 @@ fn run(cli: Cli) -> Result<()> {
     };
     if cli.strip {
         let mut out = output(cli.output.as_deref(), cli.force)?;
-        let written = strip::write_stripped(&profiles[0], &mut out)
+        // A heap snapshot's census and paths, not its memory.
+        let heaps = lanalyze::heap::read_heaps(&open(&cli.captures[0])?)?;
+        let written = strip::write_stripped(&profiles[0], &heaps, &mut out)
             .map_err(|e| io::Error::other(format!("{e:#}")));
         return finish(written, out);
     }
@@ -339,6 +341,13 @@ fn write_heap(cli: &Cli) -> Result<()> {
         .map(|path| {
             let mut reports = read_heaps(&open(path)?)
                 .with_context(|| format!("cannot read the Lua heap of {}", path.display()))?;
+            if reports.is_empty() {
+                bail!(
+                    "{} holds no Lua heap snapshot: take one with `lrec -p PID --lua-heap -o \
+                     heap.lrec`",
+                    path.display()
+                );
+            }
             reports.retain(|r| cli.pid.is_none_or(|p| r.vm.pid == p));
             Ok(reports)
         })
@@ -348,6 +357,9 @@ fn write_heap(cli: &Cli) -> Result<()> {
     let written = match reports.as_slice() {
         [before, after] if cli.flamegraph => report::write_diff_flamegraph(before, after, &mut out),
         [before, after] => report::write_diff(before, after, top, &mut out),
+        [one] if cli.csv && one.iter().any(|r| r.stripped) => {
+            bail!("a stripped capture keeps the census and paths, not the objects: --csv needs the original capture")
+        }
         [one] if cli.csv => report::write_csv(one, &mut out),
         [one] if cli.flamegraph => report::write_flamegraph(one, &mut out),
         [one] if cli.folded => report::write_folded(one, &mut out),

@@ -201,6 +201,7 @@ impl Metadata {
             | Record::LuaHeap(_)
             | Record::LuaHeapCopy(_)
             | Record::LuaHeapMemory(_)
+            | Record::ResolvedHeap(_)
             | Record::Unknown { .. } => {}
         }
     }

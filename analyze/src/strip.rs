@@ -26,8 +26,12 @@ use crate::Options;
 /// Frames per [`ResolvedFrames`] record.
 const FRAMES_PER_RECORD: usize = 4096;
 
-/// Writes `profile` as a stripped capture to `out`.
-pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatError> {
+/// Writes `profile` (and the census and paths of `heaps`) as a stripped capture to `out`.
+pub fn write_stripped(
+    profile: &Profile,
+    heaps: &[crate::heap::HeapReport],
+    out: impl Write,
+) -> Result<(), FormatError> {
     let mut w = CaptureWriter::new(out, &profile.header)?;
     let mut names: BTreeMap<(u32, u32), &String> = BTreeMap::new();
     // Threads that were timed but not sampled keep their names too.
@@ -77,6 +81,9 @@ pub fn write_stripped(profile: &Profile, out: impl Write) -> Result<(), FormatEr
         for c in &l.calls {
             w.push(&Record::LatencyCall(c.clone()))?;
         }
+    }
+    for h in heaps {
+        w.push(&h.to_resolved().into())?;
     }
     let last = profile.stats.last_time_ns.unwrap_or_default();
     if profile.stats.lost > 0 {

@@ -116,7 +116,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let capture = Capture::from_bytes(luajit.clone()).unwrap();
     let profile = analyze(&capture, &Options::default()).unwrap();
     let mut stripped = Vec::new();
-    strip::write_stripped(&profile, &mut stripped).unwrap();
+    strip::write_stripped(&profile, &[], &mut stripped).unwrap();
     vec![
         luajit,
         committed("native-small.lrec"),
@@ -232,7 +232,7 @@ fn read_and_render(bytes: Vec<u8>) {
         let _ = render::write_diff_folded(&p, &p, o, &mut out);
         let _ = render::write_diff_top(&p, &p, 10, &mut out);
         let mut stripped = Vec::new();
-        if strip::write_stripped(&p, &mut stripped).is_ok() {
+        if strip::write_stripped(&p, &[], &mut stripped).is_ok() {
             if let Ok(c) = Capture::from_bytes(stripped) {
                 let _ = analyze(&c, &opts);
             }

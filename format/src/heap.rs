@@ -54,3 +54,38 @@ pub struct LuaHeapMemory {
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
 }
+
+/// A Lua VM's heap as `lanalyze --strip` keeps it: the census and the paths, not the
+/// memory (nor the objects, nor any string's bytes but the path's keys).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedHeap {
+    /// The VM (its offsets dropped).
+    pub vm: LuaHeap,
+    pub copy: LuaHeapCopy,
+    /// The collector's own count of its bytes.
+    pub gc_total: u64,
+    /// Objects and bytes per type (`table`, `string`, …).
+    pub census: Vec<HeapKind>,
+    /// The path tree: node 0 is the empty path above the roots; each node names its
+    /// parent (an earlier node) and the component it adds.
+    pub paths: Vec<HeapPath>,
+    /// The node of the objects no root reaches.
+    pub unreachable: u32,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct HeapKind {
+    pub kind: String,
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct HeapPath {
+    pub parent: u32,
+    pub component: String,
+    /// Bytes and objects attributed to this path itself.
+    pub bytes: u64,
+    pub objects: u64,
+}

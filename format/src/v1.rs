@@ -4,7 +4,7 @@
 //! in a chunk as `kind: u16, len: u32, payload`. A reader that meets a kind it does not know
 //! skips `len` bytes and counts it, so new record kinds never break old readers.
 
-use crate::heap::{LuaHeap, LuaHeapCopy, LuaHeapMemory};
+use crate::heap::{LuaHeap, LuaHeapCopy, LuaHeapMemory, ResolvedHeap};
 use serde::{Deserialize, Serialize};
 
 mod latency;
@@ -59,6 +59,9 @@ pub mod kind {
     pub const LUA_HEAP_COPY: u16 = 29;
     /// A piece of a heap snapshot's memory ([`LuaHeapMemory`](crate::heap::LuaHeapMemory)).
     pub const LUA_HEAP_MEMORY: u16 = 30;
+    /// A Lua VM's heap census and paths in a stripped capture
+    /// ([`ResolvedHeap`](crate::heap::ResolvedHeap)).
+    pub const RESOLVED_HEAP: u16 = 31;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -650,4 +653,5 @@ records!(
     LuaHeap = LUA_HEAP,
     LuaHeapCopy = LUA_HEAP_COPY,
     LuaHeapMemory = LUA_HEAP_MEMORY,
+    ResolvedHeap = RESOLVED_HEAP,
 );

@@ -186,10 +186,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     rec.flush()?;
     let mut heap_snapshots = 0;
     if args.lua_heap && attached {
-        let vms = rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+        let vms = rec.heap_snapshot(heap_snapshots, args)?;
         heap_snapshots += 1;
         if vms == 0 && heap_only {
-            eprintln!("lrec: warning: no LuaJIT VM found in the target: the snapshot holds none");
+            eprintln!("lrec: warning: no Lua VM found in the target: the snapshot holds none");
         }
     }
 
@@ -254,7 +254,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             match args.flight {
                 Some(_) => rec.dump("SIGUSR1")?,
                 None if args.lua_heap => {
-                    rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+                    rec.heap_snapshot(heap_snapshots, args)?;
                     heap_snapshots += 1;
                 }
                 None => eprintln!("lrec: SIGUSR1 does nothing without --flight; recording goes on"),
@@ -273,7 +273,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         }
         if deadline.is_some_and(|d| started.elapsed() >= d) {
             if args.lua_heap && !attached {
-                rec.heap_snapshot(heap_snapshots, args.freeze, args.lua_heap_max << 20)?;
+                rec.heap_snapshot(heap_snapshots, args)?;
             }
             break "duration".to_string();
         }

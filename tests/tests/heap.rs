@@ -260,6 +260,37 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         first.ends_with(&format!("+{GROW}  {cache}")),
         "{what}: the cache should grow most, by {GROW} strings:\n{diff}"
     );
+    stripped_keeps_the_report(what, &dir, &after);
+}
+
+/// `--strip` keeps a heap capture's census and paths (the same report), not its memory:
+/// none of the workload's strings is in the copy.
+fn stripped_keeps_the_report(what: &str, dir: &Path, capture: &Path) {
+    let stripped = dir.join("stripped.lrec");
+    lanalyze(&[
+        capture.as_os_str(),
+        "--strip".as_ref(),
+        "-o".as_ref(),
+        stripped.as_os_str(),
+    ]);
+    let report = |c: &Path| lanalyze(&[c.as_os_str(), "--heap".as_ref()]);
+    assert_eq!(
+        report(capture),
+        report(&stripped),
+        "{what}: stripped report"
+    );
+    let bytes = std::fs::read(&stripped).unwrap();
+    assert!(
+        bytes.len() < 256 << 10,
+        "{what}: {} bytes stripped",
+        bytes.len()
+    );
+    // The capture is compressed: look in its records, as lanalyze reads them.
+    let folded = lanalyze(&[stripped.as_os_str(), "--heap".as_ref(), "--folded".as_ref()]);
+    assert!(
+        !folded.contains("00000000001"),
+        "{what}: a string's contents in the stripped capture"
+    );
 }
 
 #[test]
@@ -339,6 +370,47 @@ fn puc_host_vms_per_thread() {
             "puc-host: census {f} % of the collector's"
         );
     }
+}
+
+/// `lrec --lua-heap -d` also records CPU samples, and SIGUSR1 takes another snapshot.
+#[test]
+fn heap_snapshots_on_sigusr1_with_samples() {
+    let Some(_guard) = bpf_test("heap_snapshots_on_sigusr1_with_samples") else {
+        return;
+    };
+    let dir = tempfile_dir("heap-usr1");
+    let w = Workload::start(&fixture_bin("luajit-gc64"), &dir);
+    w.wait_for("ready 1");
+    let capture = dir.join("usr1.lrec");
+    let lrec = Command::new(bin("lrec"))
+        .args([
+            "-p",
+            &w.child.id().to_string(),
+            "--lua-heap",
+            "-d",
+            "3",
+            "-q",
+            "-o",
+        ])
+        .arg(&capture)
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    run(Command::new("kill").args(["-USR1", &lrec.id().to_string()]));
+    let out = lrec.wait_with_output().unwrap();
+    assert!(out.status.success(), "lrec failed");
+    let report = lanalyze(&[capture.as_os_str(), "--heap".as_ref()]);
+    for n in [0, 1] {
+        assert!(
+            report.contains(&format!("(snapshot {n})")),
+            "snapshot {n} missing:\n{report}"
+        );
+    }
+    let info = lanalyze(&[capture.as_os_str(), "--info".as_ref()]);
+    assert!(
+        info.contains("samples"),
+        "the CPU samples' summary:\n{info}"
+    );
 }
 
 /// GET `path` from 127.0.0.1:`port`: the body.

@@ -193,7 +193,11 @@ impl<'a> Heap<'a> {
         let array = self.gcref(t + o.tab_array)?;
         let node = self.gcref(t + o.tab_node)?;
         let nodes = if hmask > 0 { hmask + 1 } else { 0 };
-        if asize > MAX_LIST as u64 || nodes > MAX_LIST as u64 {
+        // Parts the copy does not hold (a damaged or changing heap) are not read.
+        let held = |at: u64, len: u64| {
+            len == 0 || (len <= 8 * MAX_LIST as u64 && self.mem.bytes(at, len as usize).is_some())
+        };
+        if !held(array, 8 * asize) || !held(node, NODE * nodes) {
             return None;
         }
         Some(((node, nodes), (array, asize)))

@@ -14,6 +14,7 @@ mod memory;
 pub mod puc;
 mod puc_layouts;
 pub mod report;
+mod stripped;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -256,6 +257,8 @@ pub struct HeapReport {
     /// The node of objects no root reaches (garbage not collected yet).
     pub unreachable: u32,
     pub warnings: Vec<String>,
+    /// From a stripped capture: census and paths only, no objects.
+    pub stripped: bool,
 }
 
 impl HeapReport {
@@ -347,14 +350,17 @@ pub fn analyze_vm(heap: &dyn VmHeap, vm: LuaHeap, copy: LuaHeapCopy) -> HeapRepo
         paths,
         unreachable,
         warnings: heap.warnings(),
+        stripped: false,
     }
 }
 
-/// The heap snapshots of a capture, each VM analyzed (in the capture's order).
+/// The heap snapshots of a capture, each VM analyzed (in the capture's order); none when
+/// it holds no snapshot.
 pub fn read_heaps(capture: &Capture) -> Result<Vec<HeapReport>> {
     let mut vms: Vec<LuaHeap> = Vec::new();
     let mut copies: Vec<LuaHeapCopy> = Vec::new();
     let mut pieces: BTreeMap<(u32, u32), Vec<LuaHeapMemory>> = BTreeMap::new();
+    let mut resolved = Vec::new();
     // Chunks inflate in parallel: a 200 MB heap is ~50 of them.
     let chunks: Vec<Vec<Record>> = capture
         .chunks()
@@ -367,15 +373,13 @@ pub fn read_heaps(capture: &Capture) -> Result<Vec<HeapReport>> {
                 Record::LuaHeap(h) => vms.push(h),
                 Record::LuaHeapCopy(c) => copies.push(c),
                 Record::LuaHeapMemory(m) => pieces.entry((m.pid, m.snapshot)).or_default().push(m),
+                Record::ResolvedHeap(r) => resolved.push(HeapReport::from_resolved(r)),
                 _ => {}
             }
         }
     }
-    if vms.is_empty() && copies.is_empty() {
-        bail!(
-            "this capture holds no Lua heap snapshot: take one with \
-             `lrec -p PID --lua-heap -o heap.lrec`"
-        );
+    if !resolved.is_empty() {
+        return Ok(resolved);
     }
     for c in copies.iter().filter(|c| !c.errors.is_empty()) {
         for e in &c.errors {

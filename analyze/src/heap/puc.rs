@@ -37,6 +37,8 @@ enum Tag {
 /// A table's array part (address, slots) and node part (address, nodes, and whether
 /// they were allocated: an empty hash part is a shared static node).
 struct Parts {
+    /// Whether the copy holds both parts: a damaged or changing heap's are not read.
+    held: bool,
     array: u64,
     asize: u64,
     node: u64,
@@ -187,11 +189,16 @@ impl<'a> Heap<'a> {
             3.. => self.ptr(t + r.t_lastfree) != 0,
             _ => self.mem.u8(node).is_some(),
         };
-        if asize > MAX_LIST as u64 || nodes > MAX_LIST as u64 {
-            return None;
-        }
+        // Parts the copy does not hold (a damaged or changing heap) are not read.
+        let array = self.ptr(t + r.t_array);
+        let readable = |at: u64, len: u64| {
+            len == 0 || (len <= 64 * MAX_LIST as u64 && self.mem.bytes(at, len as usize).is_some())
+        };
+        let held =
+            readable(array, 16 * asize) && (!allocated || readable(node, r.node_size * nodes));
         Some(Parts {
-            array: self.ptr(t + r.t_array),
+            held,
+            array,
             asize,
             node,
             nodes,
@@ -212,12 +219,13 @@ impl<'a> Heap<'a> {
 
     fn field(&self, t: u64, key: &str) -> Option<u64> {
         let Parts {
+            held,
             node,
             nodes,
             allocated,
             ..
         } = self.table_parts(t)?;
-        if !allocated {
+        if !allocated || !held {
             return None;
         }
         (0..nodes).find_map(|i| {
@@ -468,7 +476,7 @@ impl VmHeap for Heap<'_> {
             Some(off) => self.tv_gc(self.main + off).map(|(_, p)| p),
             // LUA_RIDX_GLOBALS: the registry's array slot 2.
             None => self.registry.and_then(|reg| {
-                let parts = self.table_parts(reg)?;
+                let parts = self.table_parts(reg).filter(|p| p.held)?;
                 (parts.asize >= 2)
                     .then(|| self.tv_gc(parts.array + 16))
                     .flatten()
@@ -503,6 +511,7 @@ impl VmHeap for Heap<'_> {
             Tag::Table => {
                 push(Via::Metatable, Some(self.ptr(a + r.t_meta)));
                 let Some(Parts {
+                    held: true,
                     array,
                     asize,
                     node,

@@ -11,11 +11,13 @@ use crate::heap::{copy_writable, Frozen};
 use crate::lua::heap::{find_luajit, find_puc, offsets, Regions};
 use crate::output::human_bytes;
 use crate::procfs;
+use crate::Args;
 
 impl Recording {
     /// Takes snapshot number `n` of every recorded process holding a Lua VM; `freeze`
     /// stops each process while its memory is copied. Returns the VMs found.
-    pub(super) fn heap_snapshot(&mut self, n: u32, freeze: bool, max_bytes: u64) -> Result<u32> {
+    pub(super) fn heap_snapshot(&mut self, n: u32, args: &Args) -> Result<u32> {
+        let (freeze, max_bytes) = (args.freeze, args.lua_heap_max << 20);
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
         let mut vms = 0;
@@ -114,18 +116,20 @@ impl Recording {
                 None => "live, not stopped".to_string(),
             };
             let kinds: Vec<&str> = found.iter().map(|v| v.vm.as_str()).collect();
-            eprintln!(
-                "lrec: heap snapshot {n} of {pid}: {} Lua VM(s) ({}), {} copied in {:.0} ms \
+            if !args.quiet {
+                eprintln!(
+                    "lrec: heap snapshot {n} of {pid}: {} Lua VM(s) ({}), {} copied in {:.0} ms \
                  ({how}){}",
-                found.len(),
-                kinds.join(", "),
-                human_bytes(copy.bytes),
-                copy.took.as_secs_f64() * 1e3,
-                match copy.skipped {
-                    0 => String::new(),
-                    s => format!(", {} left out (--lua-heap-max)", human_bytes(s)),
-                }
-            );
+                    found.len(),
+                    kinds.join(", "),
+                    human_bytes(copy.bytes),
+                    copy.took.as_secs_f64() * 1e3,
+                    match copy.skipped {
+                        0 => String::new(),
+                        s => format!(", {} left out (--lua-heap-max)", human_bytes(s)),
+                    }
+                );
+            }
             for e in errors {
                 eprintln!("lrec: warning: process {pid}: {e}");
             }
