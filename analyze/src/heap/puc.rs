@@ -1,4 +1,4 @@
-//! PUC Lua 5.1–5.4's heap (lobject.h, lstate.h, lgc.c of each release): the objects of
+//! PUC Lua 5.1–5.5's heap (lobject.h, lstate.h, lgc.c of each release): the objects of
 //! the collector's lists with their sizes as each release's free functions free them, and
 //! what each references. The layouts are x86_64's with the default luaconf.h (measured by
 //! compiling each release's headers); a host with another luaconf (LUA_32BITS, a bigger
@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use lrec_format::LuaHeap;
 use rustc_hash::FxHashSet;
 
-use super::puc_layouts::{Release, R51, R52, R53, R54};
+use super::puc_layouts::{Release, R51, R52, R53, R54, R55};
 use super::{Kind, Memory, Object, Via, VmHeap};
 
 /// Most objects followed along one list, and most slots read from one table.
@@ -63,7 +63,8 @@ impl<'a> Heap<'a> {
             "Lua 5.2" => &R52,
             "Lua 5.3" => &R53,
             "Lua 5.4" => &R54,
-            other => bail!("the heap of {other} cannot be read by this lanalyze (5.1–5.4 can)"),
+            "Lua 5.5" => &R55,
+            other => bail!("the heap of {other} cannot be read by this lanalyze (5.1–5.5 can)"),
         };
         let mut heap = Heap {
             mem,
@@ -73,7 +74,11 @@ impl<'a> Heap<'a> {
             registry: None,
             warnings: RefCell::new(Vec::new()),
         };
-        heap.main = mem.u64(vm.g + r.g_mainthread).unwrap_or(0);
+        heap.main = match r.minor {
+            // 5.5: the main thread lives in global_State (after LUA_EXTRASPACE).
+            5 => vm.g + r.g_mainthread + r.extra,
+            _ => mem.u64(vm.g + r.g_mainthread).unwrap_or(0),
+        };
         if heap.main == 0 || mem.u64(heap.main + r.l_g) != Some(vm.g) {
             bail!(
                 "the Lua state at {:#x} of process {} is not in the snapshot, or not laid out \
@@ -129,7 +134,7 @@ impl<'a> Heap<'a> {
     /// A TValue's collectable object.
     fn tv_gc(&self, addr: u64) -> Option<(Tag, u64)> {
         let tt = match self.r.minor {
-            4 => self.mem.u8(addr + 8)? as u32,
+            4.. => self.mem.u8(addr + 8)? as u32,
             _ => self.mem.u32(addr + 8)?,
         };
         let tag = self.tag_of(tt)?;
@@ -153,8 +158,8 @@ impl<'a> Heap<'a> {
             (2.., 38) => Tag::CClosure,
             (_, 7) => Tag::Udata,
             (_, 8) => Tag::Thread,
-            (1..=3, 9) | (4, 10) => Tag::Proto,
-            (1..=2, 10) | (4, 9) => Tag::Upval,
+            (1..=3, 9) | (4.., 10) => Tag::Proto,
+            (1..=2, 10) | (4.., 9) => Tag::Upval,
             _ => return None,
         })
     }
@@ -166,10 +171,50 @@ impl<'a> Heap<'a> {
         }
     }
 
+    /// A string's size as its release frees it (5.5: a long string's kind decides).
+    fn str_size(&self, s: u64) -> Option<u64> {
+        let (r, len) = (self.r, self.str_len(s)?);
+        if r.minor < 5 || self.mem.u8(s + 8)? == 4 {
+            return Some(r.s_data + len + 1);
+        }
+        // luaS_sizelngstr: LSTRREG holds its bytes after `falloc`'s offset; LSTRFIX
+        // (fixed external bytes) stops there; LSTRMEM keeps falloc and ud.
+        Some(match self.mem.u8(s + 11)? as i8 {
+            -1 => r.s_data + 8 + len + 1,
+            -2 => r.s_data + 8,
+            _ => r.s_data + 24,
+        })
+    }
+
     fn string(&self, s: u64) -> Option<String> {
         let len = self.str_len(s)? as usize;
-        let b = self.mem.bytes(s + self.r.s_data, len.min(MAX_NAME))?;
+        let mut data = s + self.r.s_data;
+        if self.r.minor == 5 && self.mem.u8(s + 8)? == 20 {
+            // 5.5's long strings point to their bytes.
+            data = self.ptr(data);
+        }
+        let b = self.mem.bytes(data, len.min(MAX_NAME))?;
         Some(String::from_utf8_lossy(b).into_owned())
+    }
+
+    /// Slot `k` of a table's array part (5.5: values below `array`, tags above it).
+    fn array_slot(&self, array: u64, k: u64) -> Option<(Tag, u64)> {
+        if self.r.minor < 5 {
+            return self.tv_gc(array + 16 * k);
+        }
+        let tag = self.tag_of(self.mem.u8(array + 4 + k)? as u32)?;
+        let p = self.mem.u64(array - 8 * (k + 1))?;
+        (p != 0).then_some((tag, p))
+    }
+
+    /// Bytes of a table's array part of `asize` slots, and where they start.
+    fn array_bytes(&self, array: u64, asize: u64) -> (u64, u64) {
+        match (self.r.minor, asize) {
+            (_, 0) => (array, 0),
+            // concretesize: the values, an unsigned, the tags.
+            (5, n) => (array.wrapping_sub(8 * n), 9 * n + 4),
+            (_, n) => (array, 16 * n),
+        }
     }
 
     /// The array and node parts of table `t`.
@@ -183,9 +228,10 @@ impl<'a> Heap<'a> {
         let lsizenode = self.mem.u8(t + 11)? as u32;
         let node = self.ptr(t + r.t_node);
         let nodes = 1u64 << lsizenode.min(40);
-        // The shared dummy node is static (not in the heap copy), and 5.3+ mark it with
-        // lastfree == NULL.
+        // The shared dummy node is static (not in the heap copy); 5.3 and 5.4 mark it
+        // with lastfree == NULL, 5.5 with a flag.
         let allocated = match r.minor {
+            5 => self.mem.u8(t + 10)? & (1 << 6) == 0,
             3.. => self.ptr(t + r.t_lastfree) != 0,
             _ => self.mem.u8(node).is_some(),
         };
@@ -194,8 +240,8 @@ impl<'a> Heap<'a> {
         let readable = |at: u64, len: u64| {
             len == 0 || (len <= 64 * MAX_LIST as u64 && self.mem.bytes(at, len as usize).is_some())
         };
-        let held =
-            readable(array, 16 * asize) && (!allocated || readable(node, r.node_size * nodes));
+        let (start, len) = self.array_bytes(array, asize);
+        let held = readable(start, len) && (!allocated || readable(node, r.node_size * nodes));
         Some(Parts {
             held,
             array,
@@ -210,7 +256,7 @@ impl<'a> Heap<'a> {
     fn node_key(&self, n: u64) -> Option<(Tag, u64)> {
         let r = self.r;
         let tt = match r.minor {
-            4 => self.mem.u8(n + r.node_key_tt)? as u32,
+            4.. => self.mem.u8(n + r.node_key_tt)? as u32,
             _ => self.mem.u32(n + r.node_key_tt)?,
         };
         let tag = self.tag_of(tt)?;
@@ -312,7 +358,7 @@ impl<'a> Heap<'a> {
     fn thread_size(&self, l: u64) -> u64 {
         let r = self.r;
         let stack = match r.minor {
-            4 => {
+            4.. => {
                 let slots = self
                     .ptr(l + r.l_stacksize)
                     .saturating_sub(self.ptr(l + r.l_stack))
@@ -333,12 +379,15 @@ impl<'a> Heap<'a> {
                 }
                 n
             }
+            5 => self.int(l + r.l_ci_count),
             _ => self.mem.u16(l + r.l_ci_count).unwrap_or(0) as u64,
         };
-        let own = match l == self.main {
+        let own = match (l == self.main, r.minor) {
+            // 5.5's global_State holds the main thread.
+            (true, 5) => r.g_size,
             // The main thread's block (LG) holds global_State too.
-            true => self.g + r.g_size - (l - r.extra),
-            false => r.extra + r.l_size,
+            (true, _) => self.g + r.g_size - (l - r.extra),
+            (false, _) => r.extra + r.l_size,
         };
         own + stack + r.ci_size * cis
     }
@@ -346,12 +395,20 @@ impl<'a> Heap<'a> {
     fn proto_size(&self, p: u64) -> u64 {
         let r = self.r;
         let n = |off: u64| self.int(p + off);
+        // 5.5's PF_FIXED: code and line info in memory the collector does not count.
+        let fixed = r.minor == 5 && self.mem.u8(p + 11).is_some_and(|f| f & 4 != 0);
+        let code = match fixed {
+            true => 0,
+            false => {
+                4 * n(r.pt_sizecode)
+                    + r.lineinfo_size * n(r.pt_sizelineinfo)
+                    + r.pt_sizeabslineinfo.map_or(0, |o| 8 * n(o))
+            }
+        };
         r.pt_size
-            + 4 * n(r.pt_sizecode)
+            + code
             + 8 * n(r.pt_sizep)
             + 16 * n(r.pt_sizek)
-            + r.lineinfo_size * n(r.pt_sizelineinfo)
-            + r.pt_sizeabslineinfo.map_or(0, |o| 8 * n(o))
             + 16 * n(r.pt_sizelocvars)
             + r.upvaldesc_size * n(r.pt_sizeupvalues)
     }
@@ -429,16 +486,22 @@ impl VmHeap for Heap<'_> {
     fn object_at(&self, addr: u64) -> Option<Object> {
         let r = self.r;
         let (kind, size) = match self.header_tag(addr)? {
-            Tag::Str => (Kind::String, r.s_data + self.str_len(addr)? + 1),
+            Tag::Str => (Kind::String, self.str_size(addr)?),
             Tag::Table => {
                 let Parts {
+                    array,
                     asize,
                     nodes,
                     allocated,
                     ..
                 } = self.table_parts(addr)?;
-                let hash = if allocated { nodes * r.node_size } else { 0 };
-                (Kind::Table, r.t_size + 16 * asize + hash)
+                let mut hash = if allocated { nodes * r.node_size } else { 0 };
+                // 5.5 keeps `lastfree` before a hash part of 8 nodes or more.
+                if r.minor == 5 && allocated && nodes >= 8 {
+                    hash += 8;
+                }
+                let (_, array) = self.array_bytes(array, asize);
+                (Kind::Table, r.t_size + array + hash)
             }
             Tag::LClosure => {
                 let n = self.mem.u8(addr + 11 - (r.minor > 1) as u64)? as u64;
@@ -451,9 +514,9 @@ impl VmHeap for Heap<'_> {
             Tag::Udata => {
                 let len = self.mem.u64(addr + r.ud_len)?;
                 let size = match r.minor {
-                    4 => match self.mem.u16(addr + 10)? as u64 {
+                    4.. => match self.mem.u16(addr + 10)? as u64 {
                         0 => 32 + len,
-                        nuv => 40 + 16 * nuv + len,
+                        nuv => r.ud_uv + 16 * nuv + len,
                     },
                     _ => 40 + len,
                 };
@@ -478,7 +541,7 @@ impl VmHeap for Heap<'_> {
             None => self.registry.and_then(|reg| {
                 let parts = self.table_parts(reg).filter(|p| p.held)?;
                 (parts.asize >= 2)
-                    .then(|| self.tv_gc(parts.array + 16))
+                    .then(|| self.array_slot(parts.array, 1))
                     .flatten()
                     .map(|(_, p)| p)
             }),
@@ -524,7 +587,7 @@ impl VmHeap for Heap<'_> {
                 let (weak_k, weak_v) = self.weakness(a);
                 if !weak_v {
                     for i in 0..asize {
-                        push(Via::Index, self.tv_gc(array + 16 * i).map(|(_, p)| p));
+                        push(Via::Index, self.array_slot(array, i).map(|(_, p)| p));
                     }
                 }
                 if !allocated {
@@ -629,7 +692,7 @@ impl VmHeap for Heap<'_> {
                     _ => {
                         let nuv = self.mem.u16(a + 10).unwrap_or(0) as u64;
                         for i in 0..nuv {
-                            let v = self.tv_gc(a + 40 + 16 * i).map(|(_, p)| p);
+                            let v = self.tv_gc(a + r.ud_uv + 16 * i).map(|(_, p)| p);
                             push(Via::Upvalue((i + 1).to_string()), v);
                         }
                     }
@@ -643,7 +706,11 @@ impl VmHeap for Heap<'_> {
         let r = self.r;
         let total = self.ptr(self.g + r.g_totalbytes) as i64;
         let debt = r.g_debt.map_or(0, |d| self.ptr(self.g + d) as i64);
-        (total + debt).max(0) as u64
+        // gettotalbytes: 5.2–5.4 add the debt, 5.5 subtracts it.
+        match r.minor {
+            5 => (total - debt).max(0) as u64,
+            _ => (total + debt).max(0) as u64,
+        }
     }
 
     fn warnings(&self) -> Vec<String> {

@@ -96,23 +96,33 @@ fn min_lua_state_size(l: &Layout) -> u64 {
     l.abi.l_cframe as u64 + 16
 }
 
-/// PUC Lua: where lua_State.l_G and global_State.mainthread lie, by minor release (x86_64,
-/// default luaconf.h; 5.5 keeps its main thread inside global_State and is not read).
-fn puc_offsets(minor: u32) -> Option<(u64, u64)> {
+/// Where a PUC Lua release keeps its main thread: global_State.mainthread points to it
+/// (5.1–5.4), or global_State holds it at an offset (5.5's `mainth`, after
+/// LUA_EXTRASPACE).
+enum MainThread {
+    Pointer(u64),
+    Inside(u64),
+}
+
+/// PUC Lua: where lua_State.l_G and the main thread lie, by minor release (x86_64,
+/// default luaconf.h).
+fn puc_offsets(minor: u32) -> Option<(u64, MainThread)> {
+    use MainThread::*;
     Some(match minor {
-        1 => (32, 176),
-        2 => (24, 264),
-        3 => (24, 200),
-        4 => (24, 264),
+        1 => (32, Pointer(176)),
+        2 => (24, Pointer(264)),
+        3 => (24, Pointer(200)),
+        4 => (24, Pointer(264)),
+        5 => (24, Inside(1408 + 8)),
         _ => return None,
     })
 }
 
 /// The PUC Lua VMs (their global_State) in `mem`, of release 5.`minor`: each main thread
-/// (an object of the thread type) whose l_G's mainthread is itself. None when the release
-/// cannot be read.
+/// (an object of the thread type) whose l_G's main thread is itself. None when the
+/// release cannot be read.
 pub fn find_puc(mem: &Regions, minor: u32) -> Option<Vec<u64>> {
-    let (l_g, mainthread) = puc_offsets(minor)?;
+    let (l_g, main) = puc_offsets(minor)?;
     let mut found = Vec::new();
     for (start, data) in mem.0 {
         // 8-byte steps: from 5.3 on a state follows LUA_EXTRASPACE in its block.
@@ -122,10 +132,14 @@ pub fn find_puc(mem: &Regions, minor: u32) -> Option<Vec<u64>> {
                 continue;
             }
             let l = start + 8 * i as u64;
-            let Some(g) = mem.u64_at(l + l_g) else {
+            let Some(g) = mem.u64_at(l + l_g).filter(|&g| g != 0) else {
                 continue;
             };
-            if g != 0 && mem.u64_at(g + mainthread) == Some(l) && !found.contains(&g) {
+            let is_main = match main {
+                MainThread::Pointer(off) => mem.u64_at(g + off) == Some(l),
+                MainThread::Inside(off) => g.checked_add(off) == Some(l),
+            };
+            if is_main && !found.contains(&g) {
                 found.push(g);
             }
         }

@@ -1,7 +1,7 @@
 //! Lua heap snapshots (`--lua-heap`, and SIGUSR1 while it records): for each recorded
 //! process that maps a Lua VM, its writable memory copied raw ([`crate::heap`]) with the
 //! state and layout of each Lua VM found in it ([`crate::lua::heap`]): LuaJIT's, and PUC
-//! Lua 5.1–5.4's.
+//! Lua 5.1–5.5's.
 
 use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
@@ -72,7 +72,7 @@ impl Recording {
                 match find_puc(&mem, *minor) {
                     None => errors.push(format!(
                         "Lua 5.{minor}.{patch} ({path}): lrec cannot read the heap of this \
-                         release (5.1 to 5.4 it can)"
+                         release (5.1 to 5.5 it can)"
                     )),
                     Some(gs) if gs.is_empty() => errors.push(format!(
                         "no Lua 5.{minor} state found in the copied memory ({path}; a luaconf.h \
