@@ -129,6 +129,32 @@ struct Row {
     kind: String,
     size: u64,
     path: String,
+    defined: String,
+}
+
+/// The quoted fields at the end of a CSV row (RFC 4180: `""` is a quote).
+fn quoted_fields(mut rest: &str) -> Vec<String> {
+    let mut fields = Vec::new();
+    while let Some(r) = rest.strip_prefix('"') {
+        let mut field = String::new();
+        let mut chars = r.char_indices().peekable();
+        let mut end = r.len();
+        while let Some((i, c)) = chars.next() {
+            if c == '"' {
+                if chars.peek().is_some_and(|&(_, n)| n == '"') {
+                    field.push('"');
+                    chars.next();
+                    continue;
+                }
+                end = i + 1;
+                break;
+            }
+            field.push(c);
+        }
+        fields.push(field);
+        rest = r[end..].strip_prefix(',').unwrap_or("");
+    }
+    fields
 }
 
 fn objects(capture: &Path) -> Vec<Row> {
@@ -137,12 +163,13 @@ fn objects(capture: &Path) -> Vec<Row> {
         .skip(1)
         .map(|line| {
             let f: Vec<&str> = line.splitn(7, ',').collect();
-            let path = f[6].trim_matches('"').replace("\"\"", "\"");
+            let [path, defined] = <[String; 2]>::try_from(quoted_fields(f[6])).unwrap();
             Row {
                 pid: f[0].parse().unwrap(),
                 kind: f[4].into(),
                 size: f[5].parse().unwrap(),
                 path,
+                defined,
             }
         })
         .collect()
@@ -212,6 +239,12 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
     // The closure (one upvalue) and its upvalue.
     let func = sizes_at(&rows, "_G.handler", "function");
     assert_eq!(func, [sizes.closure1], "{what}");
+    let handler = rows.iter().find(|r| r.path == "_G.handler").unwrap();
+    assert!(
+        handler.defined.ends_with("heap.lua:37"),
+        "{what}: the handler is defined at heap.lua:37, not {}",
+        handler.defined
+    );
     assert_eq!(sizes_at(&rows, pool, "upvalue"), [sizes.upvalue], "{what}");
     assert_eq!(sizes_at(&rows, pool, "table").len(), 1, "{what}: the pool");
     assert_all(
@@ -221,6 +254,7 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         str_size(sizes, 100),
     );
     assert_eq!(sizes_at(&rows, "_G.co", "thread").len(), 1, "{what}");
+    assert_eq!(sizes_at(&rows, "_G.co<stack>", "table").len(), 1, "{what}: the table held");
 
     for (capture, bound) in [(&before, 1.0), (&live, 5.0)] {
         for found in found_percent(capture) {

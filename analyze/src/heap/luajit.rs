@@ -53,6 +53,7 @@ struct Offsets {
     pt_sizept: u64,
     pt_chunkname: u64,
     pt_uvinfo: u64,
+    pt_firstline: u64,
     str_len: u64,
     str_data: u64,
     g2disp: u64,
@@ -82,6 +83,7 @@ impl Offsets {
             pt_sizept: get("pt.sizept")?,
             pt_chunkname: get("pt.chunkname")?,
             pt_uvinfo: get("pt.uvinfo")?,
+            pt_firstline: get("pt.firstline")?,
             str_len: get("str.len")?,
             str_data: get("str.data")?,
             g2disp: get("g2disp")?,
@@ -472,6 +474,20 @@ impl VmHeap for Heap<'_> {
 
     fn warnings(&self) -> Vec<String> {
         self.warnings.borrow().clone()
+    }
+
+    fn describe(&self, obj: &Object) -> Option<String> {
+        let f = &self.f;
+        let pt = match obj.kind {
+            Kind::Proto => obj.addr,
+            Kind::Function if self.mem.u8(obj.addr + f.fn_ffid)? == 0 => {
+                self.gcref(obj.addr + f.fn_pc)? - f.pt_size
+            }
+            _ => return None,
+        };
+        let source = self.string(self.gcref(pt + f.pt_chunkname)?)?;
+        let line = self.mem.u32(pt + f.pt_firstline)?;
+        Some(format!("{}:{line}", super::chunk_name(&source)))
     }
 }
 

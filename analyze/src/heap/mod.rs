@@ -127,6 +127,18 @@ fn is_identifier(s: &str) -> bool {
         && !KEYWORDS.contains(&s)
 }
 
+/// A chunk name as Lua programmers write it: `@app.lua` → `app.lua`, `=stdin` → `stdin`,
+/// source text as `[string "…"]` cut short.
+fn chunk_name(source: &str) -> String {
+    match source.chars().next() {
+        Some('@' | '=') => source[1..].to_string(),
+        _ => {
+            let line = source.lines().next().unwrap_or_default();
+            format!("[string \"{}\"]", line.chars().take(30).collect::<String>())
+        }
+    }
+}
+
 /// `s` as a Lua string literal, cut to 40 characters.
 fn quoted(s: &str) -> String {
     let mut out = String::from("\"");
@@ -164,6 +176,8 @@ pub trait VmHeap {
     fn gc_total(&self) -> u64;
     /// What could not be read, said once each.
     fn warnings(&self) -> Vec<String>;
+    /// Where a Lua function or proto was defined (`app.lua:12`), for the CSV.
+    fn describe(&self, obj: &Object) -> Option<String>;
 }
 
 /// A node of the path tree: one path, the objects attributed to it.
@@ -253,6 +267,8 @@ pub struct HeapReport {
     pub census: Census,
     /// Every object with the path node it is attributed to.
     pub objects: Vec<(Object, u32)>,
+    /// Where the Lua functions and protos among `objects` (by index) were defined.
+    pub defined: FxHashMap<usize, String>,
     pub paths: PathTree,
     /// The node of objects no root reaches (garbage not collected yet).
     pub unreachable: u32,
@@ -327,7 +343,13 @@ pub fn analyze_vm(heap: &dyn VmHeap, vm: LuaHeap, copy: LuaHeapCopy) -> HeapRepo
     let unreachable = paths.child(0, "<unreachable>".into());
     let mut census = Census::new();
     let mut attributed = Vec::with_capacity(objects.len());
+    let mut defined = FxHashMap::default();
     for (o, node) in objects.into_iter().zip(node_of) {
+        if matches!(o.kind, Kind::Function | Kind::Proto) {
+            if let Some(d) = heap.describe(&o) {
+                defined.insert(attributed.len(), d);
+            }
+        }
         let node = node.unwrap_or(match o.kind {
             Kind::Vm => paths.child(0, "<vm>".into()),
             _ => unreachable,
@@ -347,6 +369,7 @@ pub fn analyze_vm(heap: &dyn VmHeap, vm: LuaHeap, copy: LuaHeapCopy) -> HeapRepo
         gc_total: heap.gc_total(),
         census,
         objects: attributed,
+        defined,
         paths,
         unreachable,
         warnings: heap.warnings(),
@@ -453,6 +476,9 @@ mod tests {
         }
         fn warnings(&self) -> Vec<String> {
             Vec::new()
+        }
+        fn describe(&self, _: &Object) -> Option<String> {
+            None
         }
     }
 

@@ -716,6 +716,18 @@ impl VmHeap for Heap<'_> {
     fn warnings(&self) -> Vec<String> {
         self.warnings.borrow().clone()
     }
+
+    fn describe(&self, obj: &Object) -> Option<String> {
+        let r = self.r;
+        let p = match (obj.kind, self.header_tag(obj.addr)?) {
+            (Kind::Proto, _) => obj.addr,
+            (Kind::Function, Tag::LClosure) => self.ptr(obj.addr + r.lcl_p),
+            _ => return None,
+        };
+        let source = self.string(self.ptr(p + r.pt_source))?;
+        let line = self.int(p + r.pt_linedefined);
+        Some(format!("{}:{line}", super::chunk_name(&source)))
+    }
 }
 
 impl Heap<'_> {

@@ -142,17 +142,22 @@ pub fn write_summary(reports: &[HeapReport], top: usize, out: &mut dyn Write) ->
 }
 
 /// One CSV row per object: pid, snapshot, vm (its global_State), address, type, size,
-/// path.
+/// path, and where a Lua function or proto was defined.
 pub fn write_csv(reports: &[HeapReport], out: &mut dyn Write) -> io::Result<()> {
-    writeln!(out, "pid,snapshot,vm,address,type,size,path")?;
+    writeln!(out, "pid,snapshot,vm,address,type,size,path,defined")?;
     for r in reports {
         let paths: Vec<String> = (0..r.paths.nodes.len() as u32)
             .map(|n| r.paths.path(n).replace('"', "\"\""))
             .collect();
-        for (o, node) in &r.objects {
+        for (i, (o, node)) in r.objects.iter().enumerate() {
+            let defined = r
+                .defined
+                .get(&i)
+                .map(|d| d.replace('"', "\"\""))
+                .unwrap_or_default();
             writeln!(
                 out,
-                "{},{},{:#x},{:#x},{},{},\"{}\"",
+                "{},{},{:#x},{:#x},{},{},\"{}\",\"{defined}\"",
                 r.vm.pid,
                 r.vm.snapshot,
                 r.vm.g,
