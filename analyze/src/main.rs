@@ -313,8 +313,18 @@ fn run(cli: Cli) -> Result<()> {
         } else if cli.firefox {
             render::write_firefox(profile, &mut out)
         } else {
+            let heaps = open(&cli.captures[0])?.chunks().iter().any(|c| {
+                c.kinds & lrec_format::kind_bit(lrec_format::kind::LUA_HEAP) != 0
+                    || c.kinds & lrec_format::kind_bit(lrec_format::kind::RESOLVED_HEAP) != 0
+            });
             render::write_info(profile, &mut out).and_then(|()| {
-                if cli.info {
+                if heaps {
+                    writeln!(
+                        out,
+                        "\nThis capture holds Lua heap snapshots: --heap reads them (what holds \
+                         the memory, by path)"
+                    )
+                } else if cli.info {
                     Ok(())
                 } else {
                     writeln!(

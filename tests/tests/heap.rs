@@ -254,7 +254,11 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         str_size(sizes, 100),
     );
     assert_eq!(sizes_at(&rows, "_G.co", "thread").len(), 1, "{what}");
-    assert_eq!(sizes_at(&rows, "_G.co<stack>", "table").len(), 1, "{what}: the table held");
+    assert_eq!(
+        sizes_at(&rows, "_G.co<stack>", "table").len(),
+        1,
+        "{what}: the table held"
+    );
 
     for (capture, bound) in [(&before, 1.0), (&live, 5.0)] {
         for found in found_percent(capture) {
@@ -367,29 +371,35 @@ fn puc_heaps() {
     heap_is_exact("heap lua 5.5.1", &fixture_bin("lua5.5"), lua55);
 }
 
-/// A host running one Lua 5.4 VM per thread (fixtures/workloads/lua_host.c, stripped):
-/// each VM found, and each census whole.
+/// Hosts running one VM per thread (fixtures/workloads/lua_host.c, stripped, linking PUC
+/// Lua 5.4 or LuaJIT statically): each VM found, and each census whole.
 #[test]
-fn puc_host_vms_per_thread() {
-    let Some(_guard) = bpf_test("puc_host_vms_per_thread") else {
+fn hosts_with_a_vm_per_thread() {
+    let Some(_guard) = bpf_test("hosts_with_a_vm_per_thread") else {
         return;
     };
-    let dir = tempfile_dir("heap-puc-host");
-    let mut host = Command::new(fixture_bin("puc-host"))
-        .args(["30", "2"])
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let capture = snapshot(&dir, "host.lrec", host.id(), true);
-    let found = found_percent(&capture);
-    let _ = host.kill();
-    let _ = host.wait();
-    assert_eq!(found.len(), 2, "two VMs, one per thread: {found:?}");
-    for f in found {
-        assert!(
-            (f - 100.0).abs() <= 1.0,
-            "puc-host: census {f} % of the collector's"
-        );
+    for host in ["puc-host", "lua-host"] {
+        let dir = tempfile_dir(&format!("heap-{host}"));
+        let mut child = Command::new(fixture_bin(host))
+            .args(["30", "2"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let capture = snapshot(&dir, "host.lrec", child.id(), true);
+        let found = found_percent(&capture);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found.len(), 2, "{host}: two VMs, one per thread: {found:?}");
+        // These heaps are small (25 KB, 45 KB): LuaJIT's JIT compiler buffers (IR,
+        // snapshots, the trace array; ~1 KB here), which the census does not count, are
+        // 2 % of one.
+        let bound = if host == "lua-host" { 3.0 } else { 1.0 };
+        for f in found {
+            assert!(
+                (f - 100.0).abs() <= bound,
+                "{host}: census {f} % of the collector's"
+            );
+        }
     }
 }
 
