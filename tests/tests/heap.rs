@@ -129,7 +129,7 @@ struct Row {
     kind: String,
     size: u64,
     path: String,
-    defined: String,
+    detail: String,
 }
 
 /// The quoted fields at the end of a CSV row (RFC 4180: `""` is a quote).
@@ -163,13 +163,13 @@ fn objects(capture: &Path) -> Vec<Row> {
         .skip(1)
         .map(|line| {
             let f: Vec<&str> = line.splitn(7, ',').collect();
-            let [path, defined] = <[String; 2]>::try_from(quoted_fields(f[6])).unwrap();
+            let [path, detail] = <[String; 2]>::try_from(quoted_fields(f[6])).unwrap();
             Row {
                 pid: f[0].parse().unwrap(),
                 kind: f[4].into(),
                 size: f[5].parse().unwrap(),
                 path,
-                defined,
+                detail,
             }
         })
         .collect()
@@ -241,9 +241,9 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
     assert_eq!(func, [sizes.closure1], "{what}");
     let handler = rows.iter().find(|r| r.path == "_G.handler").unwrap();
     assert!(
-        handler.defined.ends_with("heap.lua:37"),
+        handler.detail.ends_with("heap.lua:37"),
         "{what}: the handler is defined at heap.lua:37, not {}",
-        handler.defined
+        handler.detail
     );
     assert_eq!(sizes_at(&rows, pool, "upvalue"), [sizes.upvalue], "{what}");
     assert_eq!(sizes_at(&rows, pool, "table").len(), 1, "{what}: the pool");
@@ -339,6 +339,11 @@ fn upstream_gc64_heap() {
 #[test]
 fn upstream_gc32_heap() {
     heap_is_exact("heap gc32", &fixture_bin("luajit-gc32"), GC32);
+}
+
+#[test]
+fn upstream_nojit_heap() {
+    heap_is_exact("heap nojit", &fixture_bin("luajit-nojit"), GC64);
 }
 
 #[test]

@@ -10,7 +10,7 @@ use lrec_format::LuaHeap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::luajit_layouts::{Objects, GC32, GC64, NODE};
-use super::{Kind, Memory, Object, Via, VmHeap};
+use super::{Detail, Kind, Memory, Object, Via, VmHeap};
 
 /// `~LJ_T*` (GCHeader.gct) of each collectable type.
 const GCT_STR: u8 = 4;
@@ -476,18 +476,32 @@ impl VmHeap for Heap<'_> {
         self.warnings.borrow().clone()
     }
 
-    fn describe(&self, obj: &Object) -> Option<String> {
-        let f = &self.f;
+    fn detail(&self, obj: &Object) -> Option<Detail> {
+        let (o, f) = (self.o, &self.f);
         let pt = match obj.kind {
             Kind::Proto => obj.addr,
             Kind::Function if self.mem.u8(obj.addr + f.fn_ffid)? == 0 => {
                 self.gcref(obj.addr + f.fn_pc)? - f.pt_size
             }
+            Kind::Table => {
+                let hmask = self.mem.u32(obj.addr + o.tab_hmask)? as u64;
+                return Some(Detail::Table {
+                    array: self.mem.u32(obj.addr + o.tab_asize)? as u64,
+                    hash: if hmask > 0 { hmask + 1 } else { 0 },
+                });
+            }
+            Kind::Thread => {
+                let slots = self.mem.u32(obj.addr + f.l_cframe + 8)? as u64;
+                return Some(Detail::Stack { slots });
+            }
             _ => return None,
         };
         let source = self.string(self.gcref(pt + f.pt_chunkname)?)?;
         let line = self.mem.u32(pt + f.pt_firstline)?;
-        Some(format!("{}:{line}", super::chunk_name(&source)))
+        Some(Detail::Defined(format!(
+            "{}:{line}",
+            super::chunk_name(&source)
+        )))
     }
 }
 

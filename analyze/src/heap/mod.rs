@@ -60,6 +60,27 @@ impl Kind {
     }
 }
 
+/// What an object's CSV row says of it besides its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// A Lua function's or proto's definition: `app.lua:12`.
+    Defined(String),
+    /// A table's array slots and hash nodes.
+    Table { array: u64, hash: u64 },
+    /// A thread's stack slots.
+    Stack { slots: u64 },
+}
+
+impl std::fmt::Display for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Detail::Defined(at) => write!(f, "{at}"),
+            Detail::Table { array, hash } => write!(f, "array {array} hash {hash}"),
+            Detail::Stack { slots } => write!(f, "stack {slots} slots"),
+        }
+    }
+}
+
 /// One object of the heap, its size as the VM's allocator was asked for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Object {
@@ -176,8 +197,9 @@ pub trait VmHeap {
     fn gc_total(&self) -> u64;
     /// What could not be read, said once each.
     fn warnings(&self) -> Vec<String>;
-    /// Where a Lua function or proto was defined (`app.lua:12`), for the CSV.
-    fn describe(&self, obj: &Object) -> Option<String>;
+    /// What the CSV says of an object besides its size: where a Lua function or proto
+    /// was defined, a table's parts, a thread's stack.
+    fn detail(&self, obj: &Object) -> Option<Detail>;
 }
 
 /// A node of the path tree: one path, the objects attributed to it.
@@ -267,8 +289,8 @@ pub struct HeapReport {
     pub census: Census,
     /// Every object with the path node it is attributed to.
     pub objects: Vec<(Object, u32)>,
-    /// Where the Lua functions and protos among `objects` (by index) were defined.
-    pub defined: FxHashMap<usize, String>,
+    /// The details of `objects` (by index): functions, protos, tables, threads.
+    pub details: FxHashMap<usize, Detail>,
     pub paths: PathTree,
     /// The node of objects no root reaches (garbage not collected yet).
     pub unreachable: u32,
@@ -343,12 +365,10 @@ pub fn analyze_vm(heap: &dyn VmHeap, vm: LuaHeap, copy: LuaHeapCopy) -> HeapRepo
     let unreachable = paths.child(0, "<unreachable>".into());
     let mut census = Census::new();
     let mut attributed = Vec::with_capacity(objects.len());
-    let mut defined = FxHashMap::default();
+    let mut details = FxHashMap::default();
     for (o, node) in objects.into_iter().zip(node_of) {
-        if matches!(o.kind, Kind::Function | Kind::Proto) {
-            if let Some(d) = heap.describe(&o) {
-                defined.insert(attributed.len(), d);
-            }
+        if let Some(d) = heap.detail(&o) {
+            details.insert(attributed.len(), d);
         }
         let node = node.unwrap_or(match o.kind {
             Kind::Vm => paths.child(0, "<vm>".into()),
@@ -369,7 +389,7 @@ pub fn analyze_vm(heap: &dyn VmHeap, vm: LuaHeap, copy: LuaHeapCopy) -> HeapRepo
         gc_total: heap.gc_total(),
         census,
         objects: attributed,
-        defined,
+        details,
         paths,
         unreachable,
         warnings: heap.warnings(),
@@ -477,7 +497,7 @@ mod tests {
         fn warnings(&self) -> Vec<String> {
             Vec::new()
         }
-        fn describe(&self, _: &Object) -> Option<String> {
+        fn detail(&self, _: &Object) -> Option<Detail> {
             None
         }
     }

@@ -11,7 +11,7 @@ use lrec_format::LuaHeap;
 use rustc_hash::FxHashSet;
 
 use super::puc_layouts::{Release, R51, R52, R53, R54, R55};
-use super::{Kind, Memory, Object, Via, VmHeap};
+use super::{Detail, Kind, Memory, Object, Via, VmHeap};
 
 /// Most objects followed along one list, and most slots read from one table.
 const MAX_LIST: usize = 100_000_000;
@@ -717,16 +717,40 @@ impl VmHeap for Heap<'_> {
         self.warnings.borrow().clone()
     }
 
-    fn describe(&self, obj: &Object) -> Option<String> {
+    fn detail(&self, obj: &Object) -> Option<Detail> {
         let r = self.r;
         let p = match (obj.kind, self.header_tag(obj.addr)?) {
             (Kind::Proto, _) => obj.addr,
             (Kind::Function, Tag::LClosure) => self.ptr(obj.addr + r.lcl_p),
+            (Kind::Table, _) => {
+                let t = self.table_parts(obj.addr)?;
+                let hash = if t.allocated { t.nodes } else { 0 };
+                return Some(Detail::Table {
+                    array: t.asize,
+                    hash,
+                });
+            }
+            (Kind::Thread, _) => {
+                let slots = match r.minor {
+                    4.. => {
+                        let (last, stack) = (
+                            self.ptr(obj.addr + r.l_stacksize),
+                            self.ptr(obj.addr + r.l_stack),
+                        );
+                        last.saturating_sub(stack) / 16 + EXTRA_STACK
+                    }
+                    _ => self.int(obj.addr + r.l_stacksize),
+                };
+                return Some(Detail::Stack { slots });
+            }
             _ => return None,
         };
         let source = self.string(self.ptr(p + r.pt_source))?;
         let line = self.int(p + r.pt_linedefined);
-        Some(format!("{}:{line}", super::chunk_name(&source)))
+        Some(Detail::Defined(format!(
+            "{}:{line}",
+            super::chunk_name(&source)
+        )))
     }
 }
 

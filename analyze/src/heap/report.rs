@@ -142,22 +142,21 @@ pub fn write_summary(reports: &[HeapReport], top: usize, out: &mut dyn Write) ->
 }
 
 /// One CSV row per object: pid, snapshot, vm (its global_State), address, type, size,
-/// path, and where a Lua function or proto was defined.
+/// path, and a detail: where a Lua function or proto was defined, a table's array slots
+/// and hash nodes, a thread's stack slots.
 pub fn write_csv(reports: &[HeapReport], out: &mut dyn Write) -> io::Result<()> {
-    writeln!(out, "pid,snapshot,vm,address,type,size,path,defined")?;
+    writeln!(out, "pid,snapshot,vm,address,type,size,path,detail")?;
     for r in reports {
         let paths: Vec<String> = (0..r.paths.nodes.len() as u32)
             .map(|n| r.paths.path(n).replace('"', "\"\""))
             .collect();
         for (i, (o, node)) in r.objects.iter().enumerate() {
-            let defined = r
-                .defined
-                .get(&i)
-                .map(|d| d.replace('"', "\"\""))
+            let detail = (r.details.get(&i))
+                .map(|d| d.to_string().replace('"', "\"\""))
                 .unwrap_or_default();
             writeln!(
                 out,
-                "{},{},{:#x},{:#x},{},{},\"{}\",\"{defined}\"",
+                "{},{},{:#x},{:#x},{},{},\"{}\",\"{detail}\"",
                 r.vm.pid,
                 r.vm.snapshot,
                 r.vm.g,

@@ -77,7 +77,7 @@ impl HeapReport {
             gc_total: r.gc_total,
             census,
             objects: Vec::new(),
-            defined: Default::default(),
+            details: Default::default(),
             paths,
             unreachable: r.unreachable.min(last),
             warnings: r.warnings,

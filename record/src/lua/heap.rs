@@ -19,6 +19,8 @@ pub struct HeapVm {
     pub layout: &'static Layout,
     /// sizeof(lua_State): the main thread lies right before G (forks add fields to it).
     pub lua_state_size: u32,
+    /// From G to the dispatch table.
+    pub g2disp: u32,
 }
 
 /// The memory of a snapshot: (start, bytes) regions in address order.
@@ -63,10 +65,12 @@ pub fn find_luajit(mem: &Regions, code: &[VmCode]) -> Vec<HeapVm> {
     found
 }
 
-/// The VM whose dispatch table begins at `table`, under the first layout that validates.
+/// The VM whose dispatch table begins at `table`, under the first layout that validates:
+/// at the layout's distance from G to the table, else at any distance (a build without
+/// the JIT compiler has no jit_State between them).
 fn validate(mem: &Regions, table: u64) -> Option<HeapVm> {
-    LAYOUTS.iter().find_map(|l| {
-        let g = table.checked_sub(l.abi.g2disp as u64)?;
+    let at = |l: &'static Layout, g2disp: u64| {
+        let g = table.checked_sub(g2disp)?;
         let main = read_ref(mem, l, g + mainthref(l) as u64)?;
         let glref = read_ref(mem, l, main + l.abi.l_glref as u64)?;
         let size = g.checked_sub(main)?;
@@ -74,8 +78,17 @@ fn validate(mem: &Regions, table: u64) -> Option<HeapVm> {
             g,
             layout: l,
             lua_state_size: size as u32,
+            g2disp: g2disp as u32,
         })
-    })
+    };
+    LAYOUTS
+        .iter()
+        .find_map(|l| at(l, l.abi.g2disp as u64))
+        .or_else(|| {
+            LAYOUTS
+                .iter()
+                .find_map(|l| (256..=8192).step_by(8).find_map(|d| at(l, d)))
+        })
 }
 
 fn read_ref(mem: &Regions, l: &Layout, addr: u64) -> Option<u64> {
@@ -153,7 +166,7 @@ pub fn offsets(vm: &HeapVm) -> Vec<(String, u32)> {
     [
         ("L.size", vm.lua_state_size),
         ("gc64", a.gc64),
-        ("g2disp", a.g2disp),
+        ("g2disp", vm.g2disp),
         ("g.vmstate", a.g_vmstate),
         ("g.mainthref", mainthref(l)),
         ("g.cur_L", a.g_cur_l),
