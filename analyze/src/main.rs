@@ -115,7 +115,8 @@ struct Cli {
     /// The Lua heap of a capture of `lrec --lua-heap`: per VM, its objects by type with
     /// their sizes as the VM counts them (checked against the collector's own count), and
     /// the largest reference paths from the roots (package.loaded, _G, the registry, the
-    /// main thread), as `package.loaded["app"].cache[*]` or `_G.handler<upvalue pool>`.
+    /// main thread), as `package.loaded["app"].cache[*]` or
+    /// `_G.handler<upvalue pool of app.lua:12>`.
     /// With --top N: N paths; --flamegraph: a memory flame graph by path; --folded; --csv:
     /// a row per object; --diff BEFORE AFTER: the paths that grew.
     #[arg(long, conflicts_with_all = ["off_cpu", "wall", "time", "strip", "pprof",

@@ -229,7 +229,14 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         N,
         str_size(sizes, LEN),
     );
-    let pool = "_G.handler<upvalue pool>";
+    // The upvalue is named with its closure's definition (the chunk as the VM holds it).
+    let pool = rows
+        .iter()
+        .map(|r| r.path.as_str())
+        .find(|p| p.starts_with("_G.handler<upvalue pool of ") && p.ends_with("heap.lua:37>"))
+        .unwrap_or_else(|| panic!("{what}: no _G.handler<upvalue pool of …heap.lua:37>"))
+        .to_string();
+    let pool = pool.as_str();
     assert_all(
         &format!("{what}: {pool}[*]"),
         &sizes_at(&rows, &format!("{pool}[*]"), "string"),

@@ -419,9 +419,11 @@ impl VmHeap for Heap<'_> {
                 if self.mem.u8(a + f.fn_ffid) == Some(0) {
                     let pt = self.gcref(a + f.fn_pc).map(|pc| pc - f.pt_size);
                     let names = pt.map(|pt| self.upvalue_names(pt)).unwrap_or_default();
+                    let of = super::defined_at(self.detail(obj));
                     for i in 0..n {
                         let name = names.get(i as usize).cloned().unwrap_or(i.to_string());
-                        push(Via::Upvalue(name), self.gcref(a + o.lfn_uv + o.refsize * i));
+                        let uv = self.gcref(a + o.lfn_uv + o.refsize * i);
+                        push(Via::Upvalue(format!("{name}{of}")), uv);
                     }
                     push(Via::Proto, pt);
                 } else {

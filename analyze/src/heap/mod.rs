@@ -1,7 +1,8 @@
 //! Lua heap snapshots (`lrec --lua-heap`): every object of each VM by type with its own
 //! size as the VM counts it, checked against the collector's own count, and the memory
 //! retained by reference path from the roots (`package.loaded["app"].cache[*]`,
-//! `_G.handler<upvalue pool>`), walked offline from the raw memory the capture holds.
+//! `_G.handler<upvalue pool of app.lua:12>`), walked offline from the raw memory the
+//! capture holds.
 //!
 //! Each VM's object model is its own module ([`luajit`], [`puc`]); this one walks any of them:
 //! objects are reached breadth-first from the roots in order (package.loaded, _G, the
@@ -103,7 +104,7 @@ pub enum Via {
     StringKey,
     Metatable,
     Env,
-    /// A closure's upvalue, by name.
+    /// A closure's upvalue, by name and the closure's definition (`pool of app.lua:12`).
     Upvalue(String),
     /// What an upvalue or other holder refers to: the same path as the holder.
     Value,
@@ -146,6 +147,14 @@ fn is_identifier(s: &str) -> bool {
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !KEYWORDS.contains(&s)
+}
+
+/// ` of app.lua:12` for a function's definition, to name its upvalues by.
+fn defined_at(detail: Option<Detail>) -> String {
+    match detail {
+        Some(Detail::Defined(at)) => format!(" of {at}"),
+        _ => String::new(),
+    }
 }
 
 /// A chunk name as Lua programmers write it: `@app.lua` → `app.lua`, `=stdin` → `stdin`,

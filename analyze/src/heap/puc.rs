@@ -627,9 +627,11 @@ impl VmHeap for Heap<'_> {
                 let p = self.ptr(a + r.lcl_p);
                 let names = self.upvalue_names(p);
                 let n = self.mem.u8(a + 11 - (r.minor > 1) as u64).unwrap_or(0) as u64;
+                let of = super::defined_at(self.detail(obj));
                 for i in 0..n {
                     let name = names.get(i as usize).cloned().unwrap_or(i.to_string());
-                    push(Via::Upvalue(name), Some(self.ptr(a + r.lcl_uv + 8 * i)));
+                    let uv = Some(self.ptr(a + r.lcl_uv + 8 * i));
+                    push(Via::Upvalue(format!("{name}{of}")), uv);
                 }
                 push(Via::Proto, Some(p));
             }
