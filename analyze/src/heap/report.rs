@@ -26,12 +26,12 @@ fn growth(n: i64) -> String {
     }
 }
 
-/// One row of the largest paths: a path with the objects it holds, itself and its
-/// elements (`[*]` under it, as deep as they go), and all it retains.
+/// One row of the largest paths: a path with the objects it holds (its own, and all that
+/// its `[*]` elements reach: the contents of a container), and all it retains.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PathRow {
     pub path: String,
-    /// Bytes and objects of the path's own objects and their `[*]` elements.
+    /// Bytes and objects of the path's own objects and of everything under its `[*]`.
     pub held: u64,
     pub objects: u64,
     /// Bytes of everything reached through the path.
@@ -41,26 +41,32 @@ pub struct PathRow {
 /// The rows of a report's paths, largest held first.
 pub fn path_rows(paths: &PathTree) -> Vec<PathRow> {
     let n = paths.nodes.len();
-    let (mut held, mut objects) = (vec![0u64; n], vec![0u64; n]);
+    // Objects under each node, itself included (children follow their parents).
+    let mut under = vec![0u64; n];
     for i in (1..n).rev() {
-        let node = &paths.nodes[i];
-        held[i] += node.bytes;
-        objects[i] += node.count;
-        if node.component == "[*]" {
-            if let Some(p) = node.parent {
-                held[p as usize] += held[i];
-                objects[p as usize] += objects[i];
-            }
+        under[i] += paths.nodes[i].count;
+        if let Some(p) = paths.nodes[i].parent {
+            under[p as usize] += under[i];
         }
     }
+    let elements = |i: usize| paths.nodes[i].children.iter().map(|&c| c as usize);
     let mut rows: Vec<PathRow> = (1..n)
-        .filter(|&i| paths.nodes[i].component != "[*]" && held[i] > 0)
-        .map(|i| PathRow {
-            path: paths.path(i as u32),
-            held: held[i],
-            objects: objects[i],
-            retained: paths.nodes[i].retained,
+        .filter(|&i| paths.nodes[i].component != "[*]")
+        .map(|i| {
+            let node = &paths.nodes[i];
+            let mut row = PathRow {
+                path: paths.path(i as u32),
+                held: node.bytes,
+                objects: node.count,
+                retained: node.retained,
+            };
+            for c in elements(i).filter(|&c| paths.nodes[c].component == "[*]") {
+                row.held += paths.nodes[c].retained;
+                row.objects += under[c];
+            }
+            row
         })
+        .filter(|r| r.held > 0)
         .collect();
     rows.sort_by(|a, b| b.held.cmp(&a.held).then_with(|| a.path.cmp(&b.path)));
     rows
@@ -116,8 +122,8 @@ pub fn write_summary(reports: &[HeapReport], top: usize, out: &mut dyn Write) ->
         }
         writeln!(
             out,
-            "  largest paths (held: the objects there and their [*] elements; retained: \
-             all reached through it):"
+            "  largest paths (held: the objects there and all their [*] elements reach; \
+             retained: all reached through it):"
         )?;
         writeln!(
             out,
@@ -255,20 +261,22 @@ pub fn write_diff(
     rows.sort_by(|x, y| grew(&y.1, &y.2).cmp(&grew(&x.1, &x.2)).then(x.0.cmp(&y.0)));
     writeln!(
         out,
-        "paths by growth of held bytes (the objects there and their [*] elements):"
+        "paths by growth of held bytes (the objects there and all their [*] elements \
+         reach), and of retained bytes (all reached through them):"
     )?;
     writeln!(
         out,
-        "  {:>12} {:>12} {:>12} {:>10}  path",
-        "growth", "before", "after", "objects"
+        "  {:>12} {:>12} {:>12} {:>12} {:>10}  path",
+        "growth", "before", "after", "retained", "objects"
     )?;
     for (path, b, a) in rows.iter().take(top) {
         writeln!(
             out,
-            "  {:>12} {:>12} {:>12} {:>+10}  {path}",
+            "  {:>12} {:>12} {:>12} {:>12} {:>+10}  {path}",
             growth(grew(b, a)),
             size(b.held),
             size(a.held),
+            growth(a.retained as i64 - b.retained as i64),
             a.objects as i64 - b.objects as i64
         )?;
     }
