@@ -233,8 +233,8 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
     let pool = rows
         .iter()
         .map(|r| r.path.as_str())
-        .find(|p| p.starts_with("_G.handler<upvalue pool of ") && p.ends_with("heap.lua:37>"))
-        .unwrap_or_else(|| panic!("{what}: no _G.handler<upvalue pool of …heap.lua:37>"))
+        .find(|p| p.starts_with("_G.handler<upvalue pool of ") && p.ends_with("heap.lua:39>"))
+        .unwrap_or_else(|| panic!("{what}: no _G.handler<upvalue pool of …heap.lua:39>"))
         .to_string();
     let pool = pool.as_str();
     assert_all(
@@ -248,8 +248,8 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
     assert_eq!(func, [sizes.closure1], "{what}");
     let handler = rows.iter().find(|r| r.path == "_G.handler").unwrap();
     assert!(
-        handler.detail.ends_with("heap.lua:37"),
-        "{what}: the handler is defined at heap.lua:37, not {}",
+        handler.detail.ends_with("heap.lua:39"),
+        "{what}: the handler is defined at heap.lua:39, not {}",
         handler.detail
     );
     assert_eq!(sizes_at(&rows, pool, "upvalue"), [sizes.upvalue], "{what}");
@@ -261,6 +261,13 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         str_size(sizes, 100),
     );
     assert_eq!(sizes_at(&rows, "_G.co", "thread").len(), 1, "{what}");
+    assert_all(
+        &format!("{what}: _G.sessions[*].data"),
+        &sizes_at(&rows, "_G.sessions[*].data", "string"),
+        100,
+        str_size(sizes, 300),
+    );
+    assert_eq!(sizes_at(&rows, "_G.sessions[*]", "table").len(), 100, "{what}: sessions");
     assert_eq!(
         sizes_at(&rows, "_G.co<stack>", "table").len(),
         1,
