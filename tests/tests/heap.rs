@@ -267,7 +267,11 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         100,
         str_size(sizes, 300),
     );
-    assert_eq!(sizes_at(&rows, "_G.sessions[*]", "table").len(), 100, "{what}: sessions");
+    assert_eq!(
+        sizes_at(&rows, "_G.sessions[*]", "table").len(),
+        100,
+        "{what}: sessions"
+    );
     assert_eq!(
         sizes_at(&rows, "_G.co<stack>", "table").len(),
         1,

@@ -7,135 +7,156 @@ use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
 
 use super::Recording;
-use crate::heap::{copy_writable, Frozen};
+use crate::heap::{copy_writable, Frozen, HeapCopy};
 use crate::lua::heap::{find_luajit, find_puc, offsets, Regions};
+use crate::lua::VmCode;
 use crate::output::human_bytes;
 use crate::procfs;
 use crate::Args;
 
+/// The Lua VMs a process maps, to look for in its copied memory.
+struct Mapped {
+    luajit: Option<Vec<VmCode>>,
+    /// PUC Lua: the binary, and its release (minor, patch).
+    puc: Option<(String, u32, u32)>,
+}
+
 impl Recording {
-    /// Takes snapshot number `n` of every recorded process holding a Lua VM; `freeze`
-    /// stops each process while its memory is copied. Returns the VMs found.
+    /// Takes snapshot number `n` of every recorded process holding a Lua VM (`--freeze`:
+    /// each process stopped while its memory is copied). Returns the VMs found.
     pub(super) fn heap_snapshot(&mut self, n: u32, args: &Args) -> Result<u32> {
-        let (freeze, max_bytes) = (args.freeze, args.lua_heap_max << 20);
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
         let mut vms = 0;
         for pid in pids {
-            let luajit = self.lua.luajit_code(pid).map(<[_]>::to_vec);
-            let puc = self.lua.puc_release(pid);
-            if luajit.is_none() && puc.is_none() {
-                continue;
-            }
-            let frozen = match freeze {
-                true => Some(Frozen::new(pid)?),
-                false => None,
+            let mapped = Mapped {
+                luajit: self.lua.luajit_code(pid).map(<[_]>::to_vec),
+                puc: self.lua.puc_release(pid),
             };
-            let time_ns = procfs::monotonic_ns();
-            let copy = match copy_writable(pid, max_bytes) {
-                Ok(c) => c,
-                Err(e) if !procfs::alive(pid) => {
-                    eprintln!("lrec: process {pid} exited before its heap was copied ({e})");
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let stopped = frozen.as_ref().map(Frozen::stopped);
-            drop(frozen);
-            let mem = Regions(&copy.regions);
-            let mut found: Vec<LuaHeap> = Vec::new();
-            let mut errors = Vec::new();
-            let heap = |vm: String, layout: String, g: u64, offsets| LuaHeap {
-                pid,
-                snapshot: n,
-                vm,
-                layout,
-                g,
-                offsets,
-                time_ns,
-            };
-            if let Some(code) = &luajit {
-                let vms = find_luajit(&mem, code);
-                if vms.is_empty() {
-                    errors.push(
-                        "no LuaJIT VM state found in the copied memory (its layout is none lrec \
-                         knows, or the VM lives in memory lrec does not copy)"
-                            .to_string(),
-                    );
-                }
-                for vm in vms {
-                    let name = vm.layout.name.to_string();
-                    found.push(heap("LuaJIT 2.1".into(), name, vm.g, offsets(&vm)));
-                }
+            if mapped.luajit.is_some() || mapped.puc.is_some() {
+                vms += self.snapshot_process(pid, n, &mapped, args)?;
             }
-            if let Some((path, minor, patch)) = &puc {
-                match find_puc(&mem, *minor) {
-                    None => errors.push(format!(
-                        "Lua 5.{minor}.{patch} ({path}): lrec cannot read the heap of this \
-                         release (5.1 to 5.5 it can)"
-                    )),
-                    Some(gs) if gs.is_empty() => errors.push(format!(
-                        "no Lua 5.{minor} state found in the copied memory ({path}; a luaconf.h \
-                         other than the default's?)"
-                    )),
-                    Some(gs) => {
-                        for g in gs {
-                            let layout = format!("5.{minor}.{patch}");
-                            found.push(heap(format!("Lua 5.{minor}"), layout, g, Vec::new()));
-                        }
-                    }
-                }
-            }
-            for vm in &found {
-                self.writer.push(&Record::LuaHeap(vm.clone()))?;
-            }
-            for (start, data) in &copy.regions {
-                for (i, piece) in data.chunks(HEAP_PIECE).enumerate() {
-                    self.writer.push(&Record::LuaHeapMemory(LuaHeapMemory {
-                        pid,
-                        snapshot: n,
-                        start: start + (i * HEAP_PIECE) as u64,
-                        data: piece.to_vec(),
-                    }))?;
-                }
-            }
-            self.writer.push(&Record::LuaHeapCopy(LuaHeapCopy {
-                pid,
-                snapshot: n,
-                frozen: stopped.is_some(),
-                stopped_ns: stopped.map_or(0, |d| d.as_nanos() as u64),
-                copy_ns: copy.took.as_nanos() as u64,
-                bytes: copy.bytes,
-                unreadable: copy.unreadable,
-                skipped: copy.skipped,
-                errors: errors.clone(),
-            }))?;
-            self.writer.flush()?;
-            let how = match stopped {
-                Some(d) => format!("process stopped {:.1} ms", d.as_secs_f64() * 1e3),
-                None => "live, not stopped".to_string(),
-            };
-            let kinds: Vec<&str> = found.iter().map(|v| v.vm.as_str()).collect();
-            if !args.quiet {
-                eprintln!(
-                    "lrec: heap snapshot {n} of {pid}: {} Lua VM(s) ({}), {} copied in {:.0} ms \
-                 ({how}){}",
-                    found.len(),
-                    kinds.join(", "),
-                    human_bytes(copy.bytes),
-                    copy.took.as_secs_f64() * 1e3,
-                    match copy.skipped {
-                        0 => String::new(),
-                        s => format!(", {} left out (--lua-heap-max)", human_bytes(s)),
-                    }
-                );
-            }
-            for e in errors {
-                eprintln!("lrec: warning: process {pid}: {e}");
-            }
-            vms += found.len() as u32;
         }
         self.heap_vms += vms;
         Ok(vms)
     }
+
+    /// One process's snapshot: its memory copied and written with the VMs found in it.
+    fn snapshot_process(&mut self, pid: u32, n: u32, mapped: &Mapped, args: &Args) -> Result<u32> {
+        let frozen = match args.freeze {
+            true => Some(Frozen::new(pid)?),
+            false => None,
+        };
+        let time_ns = procfs::monotonic_ns();
+        let copy = match copy_writable(pid, args.lua_heap_max << 20) {
+            Ok(c) => c,
+            Err(e) if !procfs::alive(pid) => {
+                eprintln!("lrec: process {pid} exited before its heap was copied ({e})");
+                return Ok(0);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let stopped = frozen.as_ref().map(Frozen::stopped);
+        drop(frozen);
+        let (found, errors) = find_vms(&copy, mapped);
+        for (g, vm, layout, offsets) in &found {
+            self.writer.push(&Record::LuaHeap(LuaHeap {
+                pid,
+                snapshot: n,
+                vm: vm.clone(),
+                layout: layout.clone(),
+                g: *g,
+                offsets: offsets.clone(),
+                time_ns,
+            }))?;
+        }
+        for (start, data) in &copy.regions {
+            for (i, piece) in data.chunks(HEAP_PIECE).enumerate() {
+                self.writer.push(&Record::LuaHeapMemory(LuaHeapMemory {
+                    pid,
+                    snapshot: n,
+                    start: start + (i * HEAP_PIECE) as u64,
+                    data: piece.to_vec(),
+                }))?;
+            }
+        }
+        self.writer.push(&Record::LuaHeapCopy(LuaHeapCopy {
+            pid,
+            snapshot: n,
+            frozen: stopped.is_some(),
+            stopped_ns: stopped.map_or(0, |d| d.as_nanos() as u64),
+            copy_ns: copy.took.as_nanos() as u64,
+            bytes: copy.bytes,
+            unreadable: copy.unreadable,
+            skipped: copy.skipped,
+            errors: errors.clone(),
+        }))?;
+        self.writer.flush()?;
+        if !args.quiet {
+            let how = match stopped {
+                Some(d) => format!("process stopped {:.1} ms", d.as_secs_f64() * 1e3),
+                None => "live, not stopped".to_string(),
+            };
+            let kinds: Vec<&str> = found.iter().map(|(_, vm, _, _)| vm.as_str()).collect();
+            let skipped = match copy.skipped {
+                0 => String::new(),
+                s => format!(", {} left out (--lua-heap-max)", human_bytes(s)),
+            };
+            eprintln!(
+                "lrec: heap snapshot {n} of {pid}: {} Lua VM(s) ({}), {} copied in {:.0} ms \
+                 ({how}){skipped}",
+                found.len(),
+                kinds.join(", "),
+                human_bytes(copy.bytes),
+                copy.took.as_secs_f64() * 1e3,
+            );
+        }
+        for e in errors {
+            eprintln!("lrec: warning: process {pid}: {e}");
+        }
+        Ok(found.len() as u32)
+    }
+}
+
+/// A VM found: its global_State, kind (`LuaJIT 2.1`, `Lua 5.4`), layout and the offsets
+/// the heap walker needs.
+type FoundVm = (u64, String, String, Vec<(String, u32)>);
+
+/// The VMs of `mapped` in a process's copied memory, and why any could not be found.
+fn find_vms(copy: &HeapCopy, mapped: &Mapped) -> (Vec<FoundVm>, Vec<String>) {
+    let mem = Regions(&copy.regions);
+    let (mut found, mut errors) = (Vec::new(), Vec::new());
+    if let Some(code) = &mapped.luajit {
+        let vms = find_luajit(&mem, code);
+        if vms.is_empty() {
+            errors.push(
+                "no LuaJIT VM state found in the copied memory (its layout is none lrec \
+                 knows, or the VM lives in memory lrec does not copy)"
+                    .to_string(),
+            );
+        }
+        for vm in vms {
+            let layout = vm.layout.name.to_string();
+            found.push((vm.g, "LuaJIT 2.1".into(), layout, offsets(&vm)));
+        }
+    }
+    if let Some((path, minor, patch)) = &mapped.puc {
+        match find_puc(&mem, *minor) {
+            None => errors.push(format!(
+                "Lua 5.{minor}.{patch} ({path}): lrec cannot read the heap of this release \
+                 (5.1 to 5.5 it can)"
+            )),
+            Some(gs) if gs.is_empty() => errors.push(format!(
+                "no Lua 5.{minor} state found in the copied memory ({path}; a luaconf.h other \
+                 than the default's?)"
+            )),
+            Some(gs) => {
+                for g in gs {
+                    let layout = format!("5.{minor}.{patch}");
+                    found.push((g, format!("Lua 5.{minor}"), layout, Vec::new()));
+                }
+            }
+        }
+    }
+    (found, errors)
 }
