@@ -125,6 +125,20 @@ struct lua_work {
 	__u32 site_check;
 	__u32 pad5;
 	struct lua_proto_key site_key;
+	/* The header of lua_State lh_of (0: none), read at once: lh_size bytes, enough for
+	 * every field the walk reads (lj_state). */
+	__u64 lh_of;
+	__u32 lh_size;
+	__u32 pad6;
+	__u8 lh[136];
+	/* The fields of global_State gh_of the walk reads (vmstate, cur_L, jit_base and
+	 * ctype_state after it), read at once: gh_size bytes from its offset gh_lo. */
+	__u64 gh_of;
+	__u32 gh_lo, gh_size;
+	__u8 gh[272];
+	/* A frame lj_site_verify proved to run proto known_pt: its function, 0 when none. */
+	__u64 known_func;
+	__u64 known_pt;
 };
 
 
@@ -196,6 +210,50 @@ static __always_inline __u64 buf_ref(struct lua_work *w, __u8 *buf, __u32 o)
 	return w->cfg.gc64 ? *(__u64 *)&buf[o] : *(__u32 *)&buf[o];
 }
 
+/* The field at offset off of lua_State l (a GCRef when ref, else 64 bits), from its
+ * header read once per sample; alone when the header cannot be read whole (a state at the
+ * end of a mapping). */
+static __always_inline __u64 lj_state(struct lua_work *w, __u64 l, __u32 off, int ref)
+{
+	if (l != w->lh_of) {
+		w->lh_of = 0;
+		__u32 n = w->lh_size;
+		if (n > 128)
+			n = 128;
+		if (!l || !n || bpf_probe_read_user(w->lh, n, (void *)l))
+			return ref ? rdref(w, l + off) : rd64(l + off);
+		w->lh_of = l;
+	}
+	return ref ? buf_ref(w, w->lh, off & 127) : *(__u64 *)&w->lh[off & 127];
+}
+
+/* The 64 bits at offset off of global_State g, one of the fields gh holds (lj_g32 and
+ * lj_gref narrow them), read once per sample; alone when they cannot be read at once. */
+static __always_inline __u64 lj_g(struct lua_work *w, __u64 g, __u32 off)
+{
+	__u32 o = off - w->gh_lo;
+	if (g != w->gh_of) {
+		w->gh_of = 0;
+		__u32 n = w->gh_size;
+		if (n > 256)
+			n = 256;
+		if (!g || !n || o >= n ||
+		    bpf_probe_read_user(w->gh, n, (void *)(g + w->gh_lo)))
+			return rd64(g + off);
+		w->gh_of = g;
+	}
+	if (o >= w->gh_size)
+		return rd64(g + off);
+	asm volatile("" : "+r"(o)); /* keeps the mask for the verifier */
+	return *(__u64 *)&w->gh[o & 255];
+}
+
+static __always_inline __u64 lj_gref(struct lua_work *w, __u64 g, __u32 off)
+{
+	__u64 v = lj_g(w, g, off);
+	return w->cfg.gc64 ? v : (__u32)v;
+}
+
 /* Where a GC object's type (GCHeader.gct) lies in it. */
 static __always_inline __u32 lj_gct(struct lua_work *w)
 {
@@ -233,13 +291,14 @@ static __always_inline int lua_parent(struct lua_work *w)
 		return 0;
 	__u64 pcf = w->cf_last + w->cfg.cf_size;
 	__u64 pl = rdref(w, pcf + w->cfg.cf_l);
-	if (!pl || pl == w->l || rdref(w, pl + w->cfg.l_glref) != w->g)
+	if (!pl || pl == w->l || lj_state(w, pl, w->cfg.l_glref, 1) != w->g)
 		return 0;
-	if ((rd64(pl + w->cfg.l_cframe) & ~3ULL) != pcf)
+	if ((lj_state(w, pl, w->cfg.l_cframe, 0) & ~3ULL) != pcf)
 		return 0;
 	w->cf = pcf;
 	w->cf_last = pcf;
-	lua_start(w, pl, rdref(w, pl + w->cfg.l_stack), rd64(pl + w->cfg.l_base), 0);
+	lua_start(w, pl, lj_state(w, pl, w->cfg.l_stack, 1), lj_state(w, pl, w->cfg.l_base, 0),
+		  0);
 	return 1;
 }
 
@@ -365,13 +424,16 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
-	if (lj_read_fn(w, func) || fn[lj_gct(w)] != LJ_GCT_FUNC) {
+	/* A caller whose proto its call site proved (lj_site_verify) is a Lua function of
+	 * that proto: no need to read its GCfunc. */
+	int known = w->known_func && w->known_func == func;
+	if (!known && (lj_read_fn(w, func) || fn[lj_gct(w)] != LJ_GCT_FUNC)) {
 		w->flags |= LREC_LUA_BROKEN;
 		return LUA_EMIT_FAILED;
 	}
 	f->func = func;
 	f->cframe = w->cf;
-	f->ffid = fn[c->fn_ffid & 63];
+	f->ffid = known ? 0 : fn[c->fn_ffid & 63];
 	f->link = link;
 	f->chunkname = 0;
 	f->firstline = 0;
@@ -379,7 +441,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	f->sizebc = 0;
 	f->name_id = 0;
 	if (f->ffid == 0) {
-		__u64 bc = buf_ref(w, fn, c->fn_pc & 63);
+		__u64 bc = known ? w->known_pt + c->pt_size : buf_ref(w, fn, c->fn_pc & 63);
 		__u64 pt = bc - c->pt_size;
 		struct lua_proto_key k;
 		if (lj_proto_key(w, pt, &k)) {
@@ -504,6 +566,7 @@ static long lua_step(__u64 i, void *unused)
 	}
 	__u32 flags = w->flags;
 	int emitted = lua_emit(w, f, lk);
+	w->known_func = 0;
 	if (start && (flags & LREC_LUA_JIT_MAPPED) && emitted != LUA_EMIT_PC) {
 		/* A mapped trace's snapshot leaves the start frame's PC in its Lua function,
 		 * else the snapshot is not this state (the trace returned below its start
@@ -589,10 +652,10 @@ static __noinline __u32 lua_suspended_stack(struct sample_buf *b, struct lua_wor
 					    __u32 offset)
 {
 	__u64 l = w->suspended;
-	w->g = rdref(w, l + w->cfg.l_glref);
-	__u64 stack = rdref(w, l + w->cfg.l_stack);
-	__u64 base = rd64(l + w->cfg.l_base);
-	if (!w->g || base <= stack || base > rdref(w, l + w->cfg.l_maxstack) || (base & 7))
+	w->g = lj_state(w, l, w->cfg.l_glref, 1);
+	__u64 stack = lj_state(w, l, w->cfg.l_stack, 1);
+	__u64 base = lj_state(w, l, w->cfg.l_base, 0);
+	if (!w->g || base <= stack || base > lj_state(w, l, w->cfg.l_maxstack, 1) || (base & 7))
 		return 0;
 	w->cf = 0;
 	w->cf_last = 0;
@@ -603,7 +666,7 @@ static __noinline __u32 lua_suspended_stack(struct sample_buf *b, struct lua_wor
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	w->jit_start = 0;
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
-	return lua_stack_end(b, w, offset, l, 0, (__s32)rd32(w->g + w->cfg.g_vmstate));
+	return lua_stack_end(b, w, offset, l, 0, (__s32)lj_g(w, w->g, w->cfg.g_vmstate));
 }
 
 /* Appends the sample's Lua stack after its stack bytes, when the thread runs a known
@@ -634,6 +697,27 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->pt_addr = 0;
 	w->site_check = 0;
 	w->site_fill = 0;
+	w->known_func = 0;
+	w->lh_of = 0;
+	w->gh_of = 0;
+	{
+		/* G's fields: vmstate, cur_L, jit_base and ctype_state after it. */
+		struct lrec_lua_config *c = &w->cfg;
+		__u32 lo = c->g_vmstate < c->g_cur_l ? c->g_vmstate : c->g_cur_l;
+		lo = lo < c->g_jit_base ? lo : c->g_jit_base;
+		__u32 hi = c->g_vmstate > c->g_cur_l ? c->g_vmstate : c->g_cur_l;
+		hi = (hi > c->g_jit_base ? hi : c->g_jit_base) + 16;
+		w->gh_lo = lo;
+		w->gh_size = hi - lo <= 256 ? hi - lo : 0; /* 0: each field read alone */
+	}
+	{
+		struct lrec_lua_config *c = &w->cfg;
+		__u32 n = c->l_glref > c->l_base ? c->l_glref : c->l_base;
+		n = n > c->l_stack ? n : c->l_stack;
+		n = n > c->l_cframe ? n : c->l_cframe;
+		n = n > c->l_maxstack ? n : c->l_maxstack;
+		w->lh_size = n <= 120 ? n + 8 : 0; /* 0: each field read alone */
+	}
 	if (w->suspended)
 		return lua_suspended_stack(b, w, offset);
 	if (!lua_find(w, r, tid))
@@ -644,23 +728,23 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 
 	/* The live base: jit_base in a trace, BASE (rdx) and PC (rbx) in the interpreter,
 	 * L->base and the C frame's saved PC once the VM called C. */
-	__s32 vmstate = (__s32)rd32(w->g + w->cfg.g_vmstate);
+	__s32 vmstate = (__s32)lj_g(w, w->g, w->cfg.g_vmstate);
 	__u64 base, pc;
 	if (vmstate >= 0) {
-		base = rdref(w, w->g + w->cfg.g_jit_base);
+		base = lj_gref(w, w->g, w->cfg.g_jit_base);
 		pc = 0;
 	} else if (in_vm(w, r->ip)) {
 		base = w->cfg.gc64 ? r->dx : (__u32)r->dx;
 		pc = w->cfg.gc64 ? r->bx : (__u32)r->bx;
 	} else {
-		base = rd64(w->l + w->cfg.l_base);
+		base = lj_state(w, w->l, w->cfg.l_base, 0);
 		pc = cframe_pc(w, w->cf);
 	}
-	__u64 stack = rdref(w, w->l + w->cfg.l_stack);
-	__u64 maxstack = rdref(w, w->l + w->cfg.l_maxstack);
+	__u64 stack = lj_state(w, w->l, w->cfg.l_stack, 1);
+	__u64 maxstack = lj_state(w, w->l, w->cfg.l_maxstack, 1);
 	int trace = vmstate >= 0;
 	if (base <= stack || base > maxstack || (base & 7)) {
-		base = rd64(w->l + w->cfg.l_base);
+		base = lj_state(w, w->l, w->cfg.l_base, 0);
 		pc = cframe_pc(w, w->cf);
 		trace = 0;
 	}

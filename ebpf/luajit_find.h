@@ -18,10 +18,10 @@ static __always_inline int lua_try(struct lua_work *w, __u64 g)
 {
 	if (!g)
 		return 0;
-	__u64 l = rdref(w, g + w->cfg.g_cur_l);
-	if (!l || rdref(w, l + w->cfg.l_glref) != g)
+	__u64 l = lj_gref(w, g, w->cfg.g_cur_l);
+	if (!l || lj_state(w, l, w->cfg.l_glref, 1) != g)
 		return 0;
-	__u64 cf = rd64(l + w->cfg.l_cframe) & ~3ULL;
+	__u64 cf = lj_state(w, l, w->cfg.l_cframe, 0) & ~3ULL;
 	if (cf < w->sp || cf >= w->sp + w->window)
 		return 0;
 	w->g = g;

@@ -41,23 +41,24 @@ static __always_inline int lj_site_cached(struct lua_work *w)
 	return 1;
 }
 
-/* Whether the frame at w->frame, located by a remembered A, is the caller: a Lua
- * function whose proto is the remembered one (same key) and holds the return PC. Else
- * the A was another call's, at a PC reused since. Its reads serve lua_emit next. */
+/* Whether the frame at w->frame, located by a remembered A, is the caller: the remembered
+ * proto (same address, same key: the identity lua_protos_seen uses) is alive and holds
+ * the return PC, so the bytecode before that PC, and its A, are the ones remembered. Else
+ * the A was another call's, at a PC reused since. The frame then runs that proto (a Lua
+ * frame's return PC lies in its own function's bytecode): lua_emit takes it from here
+ * (w->known_func, w->known_pt) without reading the frame's GCfunc. */
 static __always_inline int lj_site_verify(struct lua_work *w)
 {
-	struct lrec_lua_config *c = &w->cfg;
 	__u64 func, link;
 	lj_frame(w, &func, &link);
-	if (!func || lj_read_fn(w, func) || w->fn[lj_gct(w)] != LJ_GCT_FUNC ||
-	    w->fn[c->fn_ffid & 63])
-		return 0;
-	__u64 bc = buf_ref(w, w->fn, c->fn_pc & 63);
-	__u64 pt = bc - c->pt_size;
+	__u64 pt = w->site_key.ptr;
 	struct lua_proto_key k;
-	if (pt != w->site_key.ptr || lj_proto_key(w, pt, &k))
+	if (!func || lj_proto_key(w, pt, &k) || !lua_proto_key_eq(&k, &w->site_key) ||
+	    !lj_pc_in(w->last_call, pt + w->cfg.pt_size, k.sizebc))
 		return 0;
-	return lua_proto_key_eq(&k, &w->site_key) && lj_pc_in(w->last_call, bc, k.sizebc);
+	w->known_func = func;
+	w->known_pt = pt;
+	return 1;
 }
 
 /* Remembers the call read at return PC w->site_fill, now that its caller f is emitted

@@ -65,6 +65,7 @@ struct puc_work {
 	__u64 last_func, last_pt, last_code, last_call, last_op;
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
 	__u32 pad;
+	__u64 ls_of;     /* the lua_State whose header is in ls (0: none) */
 	__u8 ls[PUC_LS + 8];
 	__u8 cib[PUC_CI + 8];
 	__u8 tv[24];
@@ -94,6 +95,30 @@ static __always_inline struct puc_work *puc_work(void)
 #define PUC_U32(buf, size, off) (*(__u32 *)&(buf)[(off) & ((size) - 1)])
 #define PUC_U8(buf, size, off) ((buf)[(off) & ((size) - 1)])
 
+/* Lua 5.2+ call sites, remembered across samples: below a thread's innermost frame, a Lua
+ * CallInfo's savedpc is the return point of the call it made (OP_CALL saves it first),
+ * which lies in the code of its own proto. A proto remembered for that savedpc is used
+ * once it proves alive with the same key and holding the savedpc: the walk then reads the
+ * proto only, not the closure before it. Per CPU, direct-mapped by savedpc. */
+struct puc_site {
+	__u64 pc;
+	struct lua_proto_key k;
+};
+
+#define PUC_SITES 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, PUC_SITES);
+	__type(key, __u32);
+	__type(value, struct puc_site);
+} puc_sites SEC(".maps");
+
+static __always_inline struct puc_site *puc_site_slot(__u64 pc)
+{
+	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (PUC_SITES - 1);
+	return bpf_map_lookup_elem(&puc_sites, &i);
+}
+
 static __always_inline int puc_user_ptr(__u64 p)
 {
 	return p > 4096 && p < (1ULL << 47) && !(p & 7);
@@ -107,11 +132,18 @@ static __always_inline __u64 puc_mainthread(struct puc_work *w, __u64 g)
 	return rd64(g + w->cfg.g_mainthread);
 }
 
-/* Reads a lua_State's header into w->ls; 0 when it is unreadable. */
+/* Reads a lua_State's header into w->ls, unless this sample read it there last; 0 when it
+ * is unreadable. */
 static __always_inline int puc_read_state(struct puc_work *w, __u64 l)
 {
 	__u32 n = w->cfg.l_size & (PUC_LS - 1);
-	return puc_user_ptr(l) && n && !bpf_probe_read_user(w->ls, n, (void *)l);
+	if (l && l == w->ls_of)
+		return 1;
+	w->ls_of = 0;
+	if (!puc_user_ptr(l) || !n || bpf_probe_read_user(w->ls, n, (void *)l))
+		return 0;
+	w->ls_of = l;
+	return 1;
 }
 
 /* Whether the state read into w->ls runs Lua code (a coroutine running or resuming
@@ -393,6 +425,44 @@ static __always_inline void puc51_link(struct puc_work *w, struct sample_buf *b,
 		prev->link |= LREC_PUC_FRESH;
 }
 
+/* Reads proto pt's header into w->pt unless it is there already (w->last_pt); *fresh
+ * is set when it was read. */
+static __always_inline int puc_read_proto(struct puc_work *w, __u64 pt, int *fresh)
+{
+	if (pt == w->last_pt)
+		return 0;
+	if (!puc_user_ptr(pt) ||
+	    bpf_probe_read_user(w->pt, w->cfg.p_size & (PUC_PT - 1), (void *)pt))
+		return -1;
+	w->last_pt = pt;
+	w->last_code = PUC_U64(w->pt, PUC_PT, w->cfg.p_code);
+	*fresh = 1;
+	return 0;
+}
+
+/* Frame f's proto fields, from the proto in w->pt. */
+static __always_inline void puc_proto_fields(struct puc_work *w, struct lrec_lua_frame *f)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	f->ptr = w->last_pt;
+	f->chunkname = PUC_U64(w->pt, PUC_PT, c->p_source);
+	f->firstline = PUC_U32(w->pt, PUC_PT, c->p_linedefined);
+	f->numline = PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined);
+	f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
+}
+
+/* Whether the proto in w->pt is the one site remembers (the same key) and holds pc. */
+static __always_inline int puc_site_holds(struct puc_work *w, struct puc_site *site, __u64 pc)
+{
+	struct lrec_lua_frame f;
+	struct lua_proto_key k;
+	puc_proto_fields(w, &f);
+	f.name_id = 0;
+	lua_proto_key_of(&k, w->tgid, &f);
+	return lua_proto_key_eq(&k, &site->k) && pc > w->last_code &&
+	       pc - w->last_code <= 4ULL * f.sizebc;
+}
+
 /* One step of the walk: emits the CallInfo w->ci and moves to the one below it, or to the
  * next thread out. */
 static long puc_step(__u64 i, void *unused)
@@ -444,9 +514,12 @@ static long puc_step(__u64 i, void *unused)
 	__u64 v = *(__u64 *)&w->tv[0];
 	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
 	/* A Lua function's proto; 5.1's closures say in isC whether they are C's (one read
-	 * from the header to p). */
+	 * from the header to p). Below the innermost frame of a 5.2+ thread, the proto
+	 * remembered for the frame's savedpc, if any (checked once its fields are read). */
 	__u64 pt = 0;
 	int lua = tt == c->tag_lcl;
+	struct puc_site *site = 0;
+	int cached = 0;
 	if (lua && v != w->last_func) {
 		if (c->version == 501) {
 			__u32 n = c->cl_p + 8;
@@ -463,7 +536,10 @@ static long puc_step(__u64 i, void *unused)
 			lua = !w->cl[c->cl_isc & 63];
 			pt = *(__u64 *)&w->cl[c->cl_p & 63];
 		} else {
-			pt = rd64(v + c->cl_p);
+			if (w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci))
+				site = puc_site_slot(savedpc);
+			cached = site && site->pc == savedpc && site->k.tgid == w->tgid;
+			pt = cached ? site->k.ptr : rd64(v + c->cl_p);
 		}
 	}
 	if (c->version == 501) {
@@ -494,35 +570,26 @@ static long puc_step(__u64 i, void *unused)
 	}
 	f->ffid = 0;
 	if (v != w->last_func) {
-		if (pt != w->last_pt) {
-			if (!puc_user_ptr(pt) ||
-			    bpf_probe_read_user(w->pt, c->p_size & (PUC_PT - 1), (void *)pt)) {
-				w->flags |= LREC_LUA_BROKEN;
-				return 1;
-			}
-			w->last_pt = pt;
-			w->last_code = PUC_U64(w->pt, PUC_PT, c->p_code);
-			f->ptr = pt;
-			f->chunkname = PUC_U64(w->pt, PUC_PT, c->p_source);
-			f->firstline = PUC_U32(w->pt, PUC_PT, c->p_linedefined);
-			f->numline = PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined);
-			f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
-			puc_note_proto(w, f);
-			w->last_func = v;
-			goto proto_known;
+		int fresh = 0;
+		if (cached && (puc_read_proto(w, pt, &fresh) || !puc_site_holds(w, site, savedpc)))
+			pt = rd64(v + c->cl_p); /* not the remembered proto: the closure's */
+		if (puc_read_proto(w, pt, &fresh)) {
+			w->flags |= LREC_LUA_BROKEN;
+			return 1;
 		}
 		w->last_func = v;
+		puc_proto_fields(w, f);
+		if (fresh)
+			puc_note_proto(w, f);
+		if (site && !cached && savedpc > w->last_code &&
+		    savedpc - w->last_code <= 4ULL * f->sizebc) {
+			site->pc = savedpc;
+			lua_proto_key_of(&site->k, w->tgid, f);
+		}
+	} else {
+		/* The function of the frame above again (recursion). */
+		puc_proto_fields(w, f);
 	}
-	/* The function, or at least the proto, of the frame above again (recursion): its
-	 * fields are that frame's. */
-	struct lrec_lua_frame *prev =
-		(void *)&b->data[(w->out - sizeof(*prev)) & (LREC_DATA_SIZE - 1)];
-	f->ptr = prev->ptr;
-	f->chunkname = prev->chunkname;
-	f->firstline = prev->firstline;
-	f->numline = prev->numline;
-	f->sizebc = prev->sizebc;
-proto_known:
 	if (savedpc > w->last_code && savedpc - w->last_code < (1ULL << 28))
 		f->pos = (__u32)((savedpc - w->last_code) / 4) - 1;
 	switch (c->fresh_rule) {
@@ -578,6 +645,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_call = 0;
 	w->ciw.lo = 0;
 	w->stw.lo = 0;
+	w->ls_of = 0;
 	__u32 n = puc_cached_root(w, tid) ? puc_chain(w) : 0;
 	if (!n && puc_found_root(w, r))
 		n = puc_chain(w);
