@@ -192,6 +192,8 @@ pub fn kinds_truth() -> Vec<Vec<u32>> {
         vec![0, 58, 44, 43, 22],
         vec![0, 58, 46, 47, 24],
         deep,
+        // Recursion through pcall: each frame's function is the one below the C frame.
+        vec![0, 58, 61, 60, 60, 60, 60, 59],
     ]
 }
 
