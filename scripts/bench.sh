@@ -296,9 +296,11 @@ fi
 # 8. What each sample costs the target on its own CPU (issue 23): scripts/cost.py. The
 #    target (fixtures/workloads/lua/cost.lua or fixtures/build/cost: a chain of DEPTH frames
 #    doing fixed work, printing its progress) on CPU 1, the profilers and the progress reader
-#    on CPU 0, COST_HZ sampling, alternating COST_WINDOW s windows bare / lrec -p /
-#    perf record -p --call-graph dwarf,16384 / perf record -p (the floor: the sampling
-#    interrupt alone), COST_ROUNDS rounds, medians. ONLY=cost runs this part only.
+#    on CPU 0, COST_HZ sampling (40 kHz: at 10 kHz this machine's noise was as large as
+#    the costs), alternating COST_WINDOW s windows bare / lrec -p / lrec -p of an idle
+#    process (lrec's floor) / perf record -p --call-graph dwarf,16384 / perf record -p
+#    (perf's floor), COST_ROUNDS rounds, medians of the target's CPU time per line of
+#    progress. ONLY=cost runs this part only.
 # Parts 8 and 9's targets: LABEL=COMMAND, a chain of DEPTH distinct functions each.
 COST=fixtures/workloads/lua/cost.lua
 cases=()
@@ -310,8 +312,8 @@ for depth in 20 200; do
 done
 if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; then
   echo
-  python3 scripts/cost.py --rounds "${COST_ROUNDS:-5}" --window "${COST_WINDOW:-6}" \
-    --hz "${COST_HZ:-10000}" "${cases[@]}"
+  python3 scripts/cost.py --rounds "${COST_ROUNDS:-3}" --window "${COST_WINDOW:-5}" \
+    --hz "${COST_HZ:-40000}" "${cases[@]}"
   # The BPF sampler's own time per sample, from the kernel's accounting (scripts/bpf_cost.sh),
   # median of 3 runs: steadier than the slowdown above.
   echo

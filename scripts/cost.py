@@ -2,13 +2,15 @@
 """What each sample costs the target on its own CPU (make bench, part 8; issue 23).
 
 The target runs forever on CPU 1, printing a line per fixed amount of work; this script
-reads and timestamps the lines on CPU 0, where the profilers run too. In alternating
-windows of WINDOW seconds the target runs bare, under `lrec -p`, under
+reads and timestamps the lines on CPU 0, where the profilers run too, and reads the
+target's CPU time at each. In alternating windows of WINDOW seconds the target runs bare,
+under `lrec -p`, under `lrec -p` of an idle process (lrec's floor: its per-CPU sampling
+interrupt and the sampler's first check, which drops other processes' ticks), under
 `perf record -p --call-graph dwarf,16384` and under `perf record -p` without call graphs
-(the sampling interrupt alone: the floor), all at HZ. The target's progress rate in each
-window (start-up and teardown excluded) gives the share of its CPU the profiler took;
-divided by the samples actually taken per second, the cost of one sample. The cost above
-the floor is what the profiler's own work adds to the interrupt every profiler pays.
+(perf's floor: its sampling interrupt alone), all at HZ. The target's CPU time per line in
+each window (start-up and teardown excluded) over bare's, times lines per second, over the
+samples taken per second, is the CPU time one sample costs it (the interrupt runs in its
+context and is charged to it). Above each profiler's own floor is what its work adds.
 "own" is the profiler process's own CPU (user + system) per sample, start-up included.
 Median over ROUNDS rounds, the order of the windows rotating each round.
 
@@ -29,26 +31,45 @@ import time
 
 LREC = "./target/release/lrec"
 LANALYZE = "./target/release/lanalyze"
-MODES = ["bare", "lrec", "perf", "floor"]
+MODES = ["bare", "lrec", "lrec-floor", "perf", "floor"]
 # Start-up (attach, BPF load, first maps) and teardown are left out of each window.
 LEAD, TAIL = 1.0, 0.5
 
 
 class Progress:
-    """Timestamps of the target's progress lines, read on this (CPU 0) process."""
+    """Timestamps of the target's progress lines, read on this (CPU 0) process, and the
+    target's CPU time (ns, /proc/PID/schedstat) at each: the sampling interrupt runs in the
+    target's context and is charged to it, while time the hypervisor takes from the VM
+    (steal) is not, so CPU time per line is steadier than wall time per line."""
 
     def __init__(self, proc):
         self.times = []
+        self.cpu = []
+        self.stat = f"/proc/{proc.pid}/schedstat"
         self.thread = threading.Thread(target=self.read, args=(proc,), daemon=True)
         self.thread.start()
 
     def read(self, proc):
         for _ in proc.stdout:
-            self.times.append(time.monotonic())
+            t = time.monotonic()
+            try:
+                with open(self.stat) as f:
+                    c = int(f.read().split()[0])
+            except OSError:
+                return
+            self.times.append(t)
+            self.cpu.append(c)
 
     def rate(self, t0, t1):
         n = sum(1 for t in self.times if t0 <= t < t1)
         return n / (t1 - t0)
+
+    def cpu_per_line(self, t0, t1):
+        """The target's CPU time per line (ns) between its first and last line in [t0, t1)."""
+        i = [k for k, t in enumerate(self.times) if t0 <= t < t1]
+        if len(i) < 2:
+            return float("nan")
+        return (self.cpu[i[-1]] - self.cpu[i[0]]) / (i[-1] - i[0])
 
 
 def sysctl(name, value=None):
@@ -60,7 +81,10 @@ def sysctl(name, value=None):
     return old
 
 
-def lrec_window(pid, args, out):
+def lrec_window(pid, args, out, count=True):
+    """lrec recording pid; when pid is another, idle process, the target still pays lrec's
+    sampling interrupt and the sampler's first check (not a recorded process): lrec's
+    floor."""
     cmd = ["taskset", "-c", "0", LREC, "-p", str(pid), "-d", str(args.window)]
     cmd += ["-F", str(args.hz), "-o", out]
     c0, t0 = children_cpu(), time.monotonic()
@@ -69,6 +93,8 @@ def lrec_window(pid, args, out):
     if p.returncode != 0:
         sys.exit(f"lrec failed: {p.stderr}")
     bpf = re.search(r"BPF sampler: .* ([0-9.]+) us per sample", p.stderr)
+    if not count:
+        return t0, t1, None, None, None
     total, lost, secs = lrec_counts(out)
     bpf = float(bpf.group(1)) if bpf else None
     return t0, t1, (total + lost) / secs, bpf, cpu / (total + lost) * 1e6
@@ -121,8 +147,10 @@ def measure(label, command, args, tmp):
         text=True,
     )
     progress = Progress(target)
+    idle = subprocess.Popen(["sleep", "100000"])
     time.sleep(2)  # the target warms up (the JIT compiles its traces)
     rates = {m: [] for m in MODES}
+    cpl = {m: [] for m in MODES}
     per_s = {m: [] for m in MODES}
     bpf, own = [], {"lrec": [], "perf": []}
     try:
@@ -140,31 +168,43 @@ def measure(label, command, args, tmp):
                     if b is not None:
                         bpf.append(b)
                     own["lrec"].append(c)
+                elif mode == "lrec-floor":
+                    t0, t1, f, _, _ = lrec_window(idle.pid, args, out, count=False)
                 else:
                     t0, t1, f, _, c = perf_window(target.pid, args, out, mode == "perf")
                     if mode == "perf":
                         own["perf"].append(c)
                 rates[mode].append(progress.rate(t0 + LEAD, t0 + args.window - TAIL))
-                per_s[mode].append(f)
+                cpl[mode].append(progress.cpu_per_line(t0 + LEAD, t0 + args.window - TAIL))
+                if f is not None:
+                    per_s[mode].append(f)
                 if os.path.exists(out):
                     os.remove(out)
     finally:
         target.kill()
         target.wait()
-    bare = statistics.median(rates["bare"])
+        idle.kill()
+        idle.wait()
+    # lrec's floor interrupts the target as often as lrec does.
+    per_s["lrec-floor"] = per_s["lrec"]
+    # Per mode: the target's extra CPU time per line over bare, times lines per second,
+    # over samples per second: the CPU time one sample costs the target (us).
+    c0 = statistics.median(cpl["bare"])
     cost = {}
     for mode in MODES[1:]:
-        # Share of the target's CPU taken, per sample taken: seconds per sample.
-        slow = 1 - statistics.median(rates[mode]) / bare
-        cost[mode] = slow / statistics.median(per_s[mode]) * 1e6
-    above = {m: cost[m] - cost["floor"] for m in ("lrec", "perf")}
-    ratio = above["lrec"] / above["perf"] if above["perf"] > 0 else float("nan")
+        extra = statistics.median(cpl[mode]) - c0
+        cost[mode] = extra * statistics.median(rates[mode]) / statistics.median(per_s[mode]) / 1e3
+    perf_above = cost["perf"] - cost["floor"]
+    lrec_above = cost["lrec"] - cost["lrec-floor"]
+    nan = float("nan")
     print(
-        f"{label:<22} {cost['floor']:7.2f} {cost['perf']:7.2f} {cost['lrec']:7.2f} "
-        f"{above['perf']:9.2f} {above['lrec']:9.2f} {ratio:7.2f} "
-        f"{statistics.median(bpf) if bpf else float('nan'):8.2f} "
-        f"{statistics.median(per_s['lrec']):8.0f} {statistics.median(per_s['perf']):8.0f} "
-        f"{statistics.median(own['lrec']):9.2f} {statistics.median(own['perf']):9.2f}",
+        f"{label:<20} {cost['floor']:6.2f} {cost['perf']:6.2f} {perf_above:6.2f} "
+        f"{cost['lrec-floor']:6.2f} {cost['lrec']:6.2f} {lrec_above:6.2f} "
+        f"{lrec_above / perf_above if perf_above > 0 else nan:6.2f} "
+        f"{cost['lrec'] / cost['perf'] if cost['perf'] > 0 else nan:6.2f} "
+        f"{statistics.median(bpf) if bpf else nan:6.2f} "
+        f"{statistics.median(per_s['lrec']):7.0f} {statistics.median(per_s['perf']):7.0f} "
+        f"{statistics.median(own['lrec']):6.2f} {statistics.median(own['perf']):6.2f}",
         flush=True,
     )
 
@@ -183,11 +223,16 @@ def main():
     old_stats = sysctl("kernel.bpf_stats_enabled", 1)
     print(
         f"Per-sample cost on the target's CPU: {args.hz} Hz, {args.window:g} s windows, "
-        f"{args.rounds} rounds, medians; us per sample (floor: perf without call graphs)"
+        f"{args.rounds} rounds, medians; us of the target's CPU time per sample.\n"
+        "p-floor: perf record without call graphs; l-floor: lrec recording an idle process "
+        "(its interrupt and the sampler's first check);\nabove: over each one's floor; "
+        "ratio: lrec's above over perf's; total: lrec over perf dwarf, floors included; "
+        "own: the profiler's own CPU"
     )
     print(
-        f"{'target':<22} {'floor':>7} {'perf':>7} {'lrec':>7} {'perf-fl':>9} {'lrec-fl':>9} "
-        f"{'ratio':>7} {'BPF us':>8} {'lrec/s':>8} {'perf/s':>8} {'lrec own':>9} {'perf own':>9}"
+        f"{'target':<20} {'p-floor':>6} {'perf':>6} {'above':>6} {'l-floor':>6} {'lrec':>6} "
+        f"{'above':>6} {'ratio':>6} {'total':>6} {'BPF':>6} {'lrec/s':>7} {'perf/s':>7} "
+        f"{'lown':>6} {'pown':>6}"
     )
     try:
         with tempfile.TemporaryDirectory(prefix="lrec-cost-") as tmp:
