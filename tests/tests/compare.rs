@@ -85,6 +85,7 @@ fn diff_top_measures_the_change_of_share() {
         svg.contains("hot") && svg.contains("<svg"),
         "no differential flame graph"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -167,4 +168,5 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
         (window as f64) > 0.4 * all as f64 && (window as f64) < 0.6 * all as f64,
         "--time 0.5..1.5 kept {window} of {all} samples of a 2 s run"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -317,6 +317,7 @@ fn heap_is_exact(what: &str, lua: &Path, sizes: Sizes) {
         "{what}: the cache should grow most, by {GROW} strings:\n{diff}"
     );
     stripped_keeps_the_report(what, &dir, &after);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--strip` keeps a heap capture's census and paths (the same report), not its memory:
@@ -423,6 +424,7 @@ fn hosts_with_a_vm_per_thread() {
                 "{host}: census {f} % of the collector's"
             );
         }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -465,6 +467,7 @@ fn heap_snapshots_on_sigusr1_with_samples() {
         info.contains("samples"),
         "the CPU samples' summary:\n{info}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// GET `path` from 127.0.0.1:`port`: the body.
@@ -525,4 +528,5 @@ fn nginx_workers_heaps_are_separate() {
             "nginx: census {f} % of the collector's"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }

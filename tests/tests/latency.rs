@@ -156,6 +156,7 @@ fn c_function_latencies_match_the_truth_per_thread() {
         text.contains("slow_op") && text.contains("recurse"),
         "{text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -211,6 +212,7 @@ fn stripped_code_is_timed_by_address() {
     // target's stack.
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no function begins at"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -238,6 +240,7 @@ fn a_hot_function_is_stopped_and_said_so() {
     // In the capture too.
     let text = String::from_utf8(lanalyze(&[cap.as_os_str(), "--latency".as_ref()])).unwrap();
     assert!(text.contains("--latency-max-rate"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -302,4 +305,5 @@ fn node_loop_phases_match_the_truth() {
     .map(|p| total_ms(p))
     .sum();
     within(phases, total_ms("iteration"), 0.05, "phases vs loop time");
+    let _ = std::fs::remove_dir_all(&dir);
 }

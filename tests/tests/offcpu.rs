@@ -150,6 +150,7 @@ fn off_cpu_time_and_thread_states_match_the_truth() {
     let (running, runnable) = (share("spinner", "running"), share("spinner", "runnable"));
     eprintln!("spinner: running {running:.1} %, runnable {runnable:.1} %");
     assert!(running + runnable >= 99.0, "\n{table}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With `--off-cpu --states`, a thread-state sample taken while a Lua thread blocks in a
