@@ -115,6 +115,34 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
 	return p;
 }
 
+/* Call sites, remembered across samples by both walkers so that a frame's caller is read
+ * once per site, not once per sample: the return PC (LuaJIT: of the call; PUC 5.2+: a
+ * CallInfo's savedpc below the innermost frame), LuaJIT's call A operand (the caller's
+ * frame lies 1 + A slots below), and the proto the PC lies in (a proto with these fields
+ * holds the same code: the identity lua_protos_seen uses). An entry is used only once
+ * that proto, read again, has the same key and holds the PC (lj_site_verify,
+ * puc_site_holds). Per CPU, direct-mapped by PC. */
+struct lua_site {
+	__u64 pc;
+	__u64 a;
+	struct lua_proto_key k;
+};
+
+#define LUA_SITES 1024
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LUA_SITES);
+	__type(key, __u32);
+	__type(value, struct lua_site);
+} lua_sites SEC(".maps");
+
+/* This CPU's lua_sites entry for PC pc. */
+static __always_inline struct lua_site *lua_site_slot(__u64 pc)
+{
+	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LUA_SITES - 1);
+	return bpf_map_lookup_elem(&lua_sites, &i);
+}
+
 /* Sends a filled proto record and remembers it (its key k) as copied. */
 static __always_inline void lua_proto_commit(struct lrec_lua_proto *p, struct lua_proto_key *k)
 {

@@ -117,7 +117,7 @@ struct lua_work {
 	__u64 fn_addr;      /* the GCfunc in fn, and the proto whose fields are in pt (0: */
 	__u64 pt_addr;      /* none read in this sample) */
 	/* A Lua frame's caller lies below it by its call's A operand (lua_step). Taken from
-	 * lj_sites, it is checked at the frame it locates (site_check, with the callee's
+	 * lua_sites, it is checked at the frame it locates (site_check, with the callee's
 	 * frame and the caller's proto as remembered); read from the bytecode, it is
 	 * remembered once the caller is emitted (site_fill: its return PC). */
 	__u64 site_callee;
@@ -125,16 +125,12 @@ struct lua_work {
 	__u32 site_check;
 	__u32 pad5;
 	struct lua_proto_key site_key;
-	/* The header of lua_State lh_of (0: none), read at once: lh_size bytes, enough for
-	 * every field the walk reads (lj_state). */
+	/* The header of lua_State lh_of (0: none), read at once: cfg.lh_size bytes (lj_state). */
 	__u64 lh_of;
-	__u32 lh_size;
-	__u32 pad6;
 	__u8 lh[136];
-	/* The fields of global_State gh_of the walk reads (vmstate, cur_L, jit_base and
-	 * ctype_state after it), read at once: gh_size bytes from its offset gh_lo. */
+	/* The fields of global_State gh_of the walk reads, read at once: cfg.gh_size bytes
+	 * from its offset cfg.gh_lo (lj_g). */
 	__u64 gh_of;
-	__u32 gh_lo, gh_size;
 	__u8 gh[272];
 	/* A frame lj_site_verify proved to run proto known_pt: its function, 0 when none. */
 	__u64 known_func;
@@ -596,24 +592,6 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->known_func = 0;
 	w->lh_of = 0;
 	w->gh_of = 0;
-	{
-		/* G's fields: vmstate, cur_L, jit_base and ctype_state after it. */
-		struct lrec_lua_config *c = &w->cfg;
-		__u32 lo = c->g_vmstate < c->g_cur_l ? c->g_vmstate : c->g_cur_l;
-		lo = lo < c->g_jit_base ? lo : c->g_jit_base;
-		__u32 hi = c->g_vmstate > c->g_cur_l ? c->g_vmstate : c->g_cur_l;
-		hi = (hi > c->g_jit_base ? hi : c->g_jit_base) + 16;
-		w->gh_lo = lo;
-		w->gh_size = hi - lo <= 256 ? hi - lo : 0; /* 0: each field read alone */
-	}
-	{
-		struct lrec_lua_config *c = &w->cfg;
-		__u32 n = c->l_glref > c->l_base ? c->l_glref : c->l_base;
-		n = n > c->l_stack ? n : c->l_stack;
-		n = n > c->l_cframe ? n : c->l_cframe;
-		n = n > c->l_maxstack ? n : c->l_maxstack;
-		w->lh_size = n <= 120 ? n + 8 : 0; /* 0: each field read alone */
-	}
 	if (w->suspended)
 		return lua_suspended_stack(b, w, offset);
 	if (!lua_find(w, r, tid))

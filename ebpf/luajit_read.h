@@ -66,7 +66,7 @@ static __always_inline __u64 lj_state(struct lua_work *w, __u64 l, __u32 off, in
 {
 	if (l != w->lh_of) {
 		w->lh_of = 0;
-		__u32 n = w->lh_size;
+		__u32 n = w->cfg.lh_size;
 		if (n > 128)
 			n = 128;
 		if (!l || !n || bpf_probe_read_user(w->lh, n, (void *)l))
@@ -76,23 +76,22 @@ static __always_inline __u64 lj_state(struct lua_work *w, __u64 l, __u32 off, in
 	return ref ? buf_ref(w, w->lh, off & 127) : *(__u64 *)&w->lh[off & 127];
 }
 
-/* The 64 bits at offset off of global_State g, one of the fields gh holds (lj_g32 and
- * lj_gref narrow them), read once per sample; alone when they cannot be read at once. */
+/* The 64 bits at offset off of global_State g, one of the fields in cfg's span (lj_gref
+ * narrows a GCRef), from the span read once per sample; alone when it cannot be read at
+ * once. */
 static __always_inline __u64 lj_g(struct lua_work *w, __u64 g, __u32 off)
 {
-	__u32 o = off - w->gh_lo;
+	__u32 o = off - w->cfg.gh_lo, n = w->cfg.gh_size;
+	if (n > 256)
+		n = 256;
+	if (o >= n)
+		return rd64(g + off);
 	if (g != w->gh_of) {
 		w->gh_of = 0;
-		__u32 n = w->gh_size;
-		if (n > 256)
-			n = 256;
-		if (!g || !n || o >= n ||
-		    bpf_probe_read_user(w->gh, n, (void *)(g + w->gh_lo)))
+		if (!g || bpf_probe_read_user(w->gh, n, (void *)(g + w->cfg.gh_lo)))
 			return rd64(g + off);
 		w->gh_of = g;
 	}
-	if (o >= w->gh_size)
-		return rd64(g + off);
 	asm volatile("" : "+r"(o)); /* keeps the mask for the verifier */
 	return *(__u64 *)&w->gh[o & 255];
 }

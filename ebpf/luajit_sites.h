@@ -5,35 +5,11 @@
 #ifndef LREC_LUAJIT_SITES_H
 #define LREC_LUAJIT_SITES_H
 
-/* A call site the walk read the A operand of: its return PC, A, and the proto it lies in
- * (a proto with these fields holds the same bytecode: the identity lua_protos_seen
- * uses). Per CPU, direct-mapped by return PC; checked at each use. */
-struct lj_site {
-	__u64 pc;
-	__u64 a;
-	struct lua_proto_key k;
-};
-
-#define LJ_SITES 1024
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LJ_SITES);
-	__type(key, __u32);
-	__type(value, struct lj_site);
-} lj_sites SEC(".maps");
-
-/* This CPU's lj_sites entry for return PC pc. */
-static __always_inline struct lj_site *lj_site_slot(__u64 pc)
-{
-	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LJ_SITES - 1);
-	return bpf_map_lookup_elem(&lj_sites, &i);
-}
-
-/* Whether lj_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
+/* Whether lua_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
  * proto in w->site_key, to be checked (lj_site_verify). */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
-	struct lj_site *s = lj_site_slot(w->pc);
+	struct lua_site *s = lua_site_slot(w->pc);
 	if (!s || s->pc != w->pc || s->k.tgid != w->tgid)
 		return 0;
 	w->last_a = s->a;
@@ -65,7 +41,7 @@ static __always_inline int lj_site_verify(struct lua_work *w)
  * and holds that PC. */
 static __always_inline void lj_site_fill(struct lua_work *w, struct lrec_lua_frame *f)
 {
-	struct lj_site *s = lj_site_slot(w->site_fill);
+	struct lua_site *s = lua_site_slot(w->site_fill);
 	if (!s)
 		return;
 	s->pc = w->site_fill;

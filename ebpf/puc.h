@@ -95,30 +95,6 @@ static __always_inline struct puc_work *puc_work(void)
 #define PUC_U32(buf, size, off) (*(__u32 *)&(buf)[(off) & ((size) - 1)])
 #define PUC_U8(buf, size, off) ((buf)[(off) & ((size) - 1)])
 
-/* Lua 5.2+ call sites, remembered across samples: below a thread's innermost frame, a Lua
- * CallInfo's savedpc is the return point of the call it made (OP_CALL saves it first),
- * which lies in the code of its own proto. A proto remembered for that savedpc is used
- * once it proves alive with the same key and holding the savedpc: the walk then reads the
- * proto only, not the closure before it. Per CPU, direct-mapped by savedpc. */
-struct puc_site {
-	__u64 pc;
-	struct lua_proto_key k;
-};
-
-#define PUC_SITES 1024
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, PUC_SITES);
-	__type(key, __u32);
-	__type(value, struct puc_site);
-} puc_sites SEC(".maps");
-
-static __always_inline struct puc_site *puc_site_slot(__u64 pc)
-{
-	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (PUC_SITES - 1);
-	return bpf_map_lookup_elem(&puc_sites, &i);
-}
-
 static __always_inline int puc_user_ptr(__u64 p)
 {
 	return p > 4096 && p < (1ULL << 47) && !(p & 7);
@@ -452,7 +428,7 @@ static __always_inline void puc_proto_fields(struct puc_work *w, struct lrec_lua
 }
 
 /* Whether the proto in w->pt is the one site remembers (the same key) and holds pc. */
-static __always_inline int puc_site_holds(struct puc_work *w, struct puc_site *site, __u64 pc)
+static __always_inline int puc_site_holds(struct puc_work *w, struct lua_site *site, __u64 pc)
 {
 	struct lrec_lua_frame f;
 	struct lua_proto_key k;
@@ -514,11 +490,13 @@ static long puc_step(__u64 i, void *unused)
 	__u64 v = *(__u64 *)&w->tv[0];
 	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
 	/* A Lua function's proto; 5.1's closures say in isC whether they are C's (one read
-	 * from the header to p). Below the innermost frame of a 5.2+ thread, the proto
-	 * remembered for the frame's savedpc, if any (checked once its fields are read). */
+	 * from the header to p). Below the innermost frame of a 5.2+ thread, savedpc is the
+	 * return point of the call the frame made (saved before every call), in its own
+	 * proto's code: the proto remembered for it, if any (lua_sites; checked once its
+	 * fields are read). */
 	__u64 pt = 0;
 	int lua = tt == c->tag_lcl;
-	struct puc_site *site = 0;
+	struct lua_site *site = 0;
 	int cached = 0;
 	if (lua && v != w->last_func) {
 		if (c->version == 501) {
@@ -537,7 +515,7 @@ static long puc_step(__u64 i, void *unused)
 			pt = *(__u64 *)&w->cl[c->cl_p & 63];
 		} else {
 			if (w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci))
-				site = puc_site_slot(savedpc);
+				site = lua_site_slot(savedpc);
 			cached = site && site->pc == savedpc && site->k.tgid == w->tgid;
 			pt = cached ? site->k.ptr : rd64(v + c->cl_p);
 		}

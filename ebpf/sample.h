@@ -148,7 +148,12 @@ struct lrec_lua_config {
 	/* CTState to two words, one of them CCallback.stack (lj_ctype.h): where an FFI
 	 * callback's C frame is marked (its CTState differs by fork and release) */
 	__u32 cts_stack;
-	__u32 pad;
+	/* Filled by lrec from the offsets above: bytes of lua_State read at once (its fields
+	 * the walk reads), and the span of global_State's (vmstate, cur_L, jit_base,
+	 * ctype_state) read at once; 0: each field read alone. */
+	__u32 lh_size;
+	__u32 gh_lo;
+	__u32 gh_size;
 };
 
 /* Most chunk-name bytes and line-table bytes copied with a proto. */

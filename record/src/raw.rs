@@ -194,7 +194,37 @@ pub struct RawLuaConfig {
     pub tr_mcode: u16,
     pub tr_traceno: u16,
     pub cts_stack: u32,
-    pub pad: u32,
+    /// Derived from the offsets above ([`RawLuaConfig::with_read_spans`]): the bytes of a
+    /// lua_State read at once, and where and how many bytes of global_State.
+    pub lh_size: u32,
+    pub gh_lo: u32,
+    pub gh_size: u32,
+}
+
+impl RawLuaConfig {
+    /// Fills the read spans the BPF walk reads each state's fields with, once: the
+    /// lua_State fields it reads up to the last one (at most 128 bytes), and global_State's
+    /// vmstate, cur_L, jit_base and the ctype_state after it (at most 256); 0 where the
+    /// fields lie farther apart (each is then read alone).
+    pub fn with_read_spans(mut self) -> Self {
+        let l_last = [
+            self.l_glref,
+            self.l_base,
+            self.l_stack,
+            self.l_cframe,
+            self.l_maxstack,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        self.lh_size = if l_last <= 120 { l_last + 8 } else { 0 };
+        let g = [self.g_vmstate, self.g_cur_l, self.g_jit_base];
+        let lo = g.into_iter().min().unwrap_or(0);
+        let hi = g.into_iter().max().unwrap_or(0) + 16;
+        self.gh_lo = lo;
+        self.gh_size = if hi - lo <= 256 { hi - lo } else { 0 };
+        self
+    }
 }
 
 pub const LUA_CHUNKNAME: usize = 512;
@@ -431,7 +461,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 28 * 4 + 8 * 2);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 30 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);

@@ -101,7 +101,9 @@ const GC64: Layout = Layout {
         tr_mcode: 88,
         tr_traceno: 104,
         cts_stack: CTS_STACK_UPSTREAM,
-        pad: 0,
+        lh_size: 0,
+        gh_lo: 0,
+        gh_size: 0,
     },
     pt_k: 32,
     pt_sizept: 56,
@@ -150,7 +152,9 @@ const GC32: Layout = Layout {
         tr_mcode: 64,
         tr_traceno: 80,
         cts_stack: CTS_STACK_UPSTREAM,
-        pad: 0,
+        lh_size: 0,
+        gh_lo: 0,
+        gh_size: 0,
     },
     pt_k: 16,
     pt_sizept: 32,
@@ -213,7 +217,7 @@ pub fn config(l: &Layout, code: &[VmCode]) -> RawLuaConfig {
         c.vm_start[i] = r.start;
         c.vm_end[i] = r.end;
     }
-    c
+    c.with_read_spans()
 }
 
 /// Samples in traces after which a trace array that was not found is given up.
