@@ -115,13 +115,17 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
 	return p;
 }
 
-/* Call sites, remembered across samples by both walkers so that a frame's caller is read
- * once per site, not once per sample: the return PC (LuaJIT: of the call; PUC 5.2+: a
- * CallInfo's savedpc below the innermost frame), LuaJIT's call A operand (the caller's
- * frame lies 1 + A slots below), and the proto the PC lies in (a proto with these fields
- * holds the same code: the identity lua_protos_seen uses). An entry is used only once
- * that proto, read again, has the same key and holds the PC (lj_site_verify,
- * puc_site_holds). Per CPU, direct-mapped by PC. */
+/* Call sites, remembered across samples by both walkers so that a frame's caller and its
+ * proto are read once per site, not once per sample: the return PC (LuaJIT: of the call;
+ * PUC 5.2+: a CallInfo's savedpc below the innermost frame), LuaJIT's call A operand (the
+ * caller's frame lies 1 + A slots below) or PUC's Proto.code, and the proto the PC lies in
+ * (a proto with these fields holds the same code: the identity lua_protos_seen uses).
+ * A frame located or named by an entry is not read again here: it goes out marked
+ * LREC_FRAME_CHECK_PROTO with the entry's proto, and lrec checks after the sample that
+ * the proto at that address still has the entry's key (a collected proto's address
+ * reused for other code fails it: the frame and those below are dropped). Entries are
+ * made only for protos already sent, so that every proto a frame names reached lrec.
+ * Per CPU, direct-mapped by PC. */
 struct lua_site {
 	__u64 pc;
 	__u64 a;
@@ -141,6 +145,23 @@ static __always_inline struct lua_site *lua_site_slot(__u64 pc)
 {
 	__u32 i = ((__u32)(pc >> 2) ^ (__u32)(pc >> 12)) & (LUA_SITES - 1);
 	return bpf_map_lookup_elem(&lua_sites, &i);
+}
+
+/* Remembers the call site at PC pc with a (LuaJIT: the call's A; PUC: Proto.code) in the
+ * proto frame f runs, once that proto was sent (lua_protos_seen). */
+static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid,
+					  struct lrec_lua_frame *f)
+{
+	struct lua_proto_key k;
+	lua_proto_key_of(&k, tgid, f);
+	if (!lua_proto_seen(&k))
+		return;
+	struct lua_site *s = lua_site_slot(pc);
+	if (!s)
+		return;
+	s->pc = pc;
+	s->a = a;
+	s->k = k;
 }
 
 /* Sends a filled proto record and remembers it (its key k) as copied. */

@@ -117,9 +117,10 @@ struct lua_work {
 	__u64 fn_addr;      /* the GCfunc in fn, and the proto whose fields are in pt (0: */
 	__u64 pt_addr;      /* none read in this sample) */
 	/* A Lua frame's caller lies below it by its call's A operand (lua_step). Taken from
-	 * lua_sites, it is checked at the frame it locates (site_check, with the callee's
-	 * frame and the caller's proto as remembered); read from the bytecode, it is
-	 * remembered once the caller is emitted (site_fill: its return PC). */
+	 * lua_sites with the caller's proto (site_check, the callee's frame and the proto as
+	 * remembered), the frame it locates is named by that proto (lj_site_use); read from
+	 * the bytecode, it is remembered once the caller is emitted (site_fill: its return
+	 * PC). */
 	__u64 site_callee;
 	__u64 site_fill;
 	__u32 site_check;
@@ -132,7 +133,8 @@ struct lua_work {
 	 * from its offset cfg.gh_lo (lj_g). */
 	__u64 gh_of;
 	__u8 gh[272];
-	/* A frame lj_site_verify proved to run proto known_pt: its function, 0 when none. */
+	/* A frame lj_site_use took to run proto known_pt (w->site_key): its function, 0 when
+	 * none. */
 	__u64 known_func;
 	__u64 known_pt;
 };
@@ -316,8 +318,8 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
-	/* A caller whose proto its call site proved (lj_site_verify) is a Lua function of
-	 * that proto: no need to read its GCfunc. */
+	/* A caller named by its call site (lj_site_use) is a Lua function of that proto:
+	 * neither its GCfunc nor its proto is read, and lrec checks the proto. */
 	int known = w->known_func && w->known_func == func;
 	if (!known && (lj_read_fn(w, func) || fn[lj_gct(w)] != LJ_GCT_FUNC)) {
 		w->flags |= LREC_LUA_BROKEN;
@@ -327,6 +329,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	f->cframe = w->cf;
 	f->ffid = known ? 0 : fn[c->fn_ffid & 63];
 	f->link = link;
+	f->check = known ? LREC_FRAME_CHECK_PROTO : 0;
 	f->chunkname = 0;
 	f->firstline = 0;
 	f->numline = 0;
@@ -336,7 +339,9 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		__u64 bc = known ? w->known_pt + c->pt_size : buf_ref(w, fn, c->fn_pc & 63);
 		__u64 pt = bc - c->pt_size;
 		struct lua_proto_key k;
-		if (lj_proto_key(w, pt, &k)) {
+		if (known) {
+			k = w->site_key;
+		} else if (lj_proto_key(w, pt, &k)) {
 			w->flags |= LREC_LUA_BROKEN;
 			return LUA_EMIT_FAILED;
 		}
@@ -346,8 +351,9 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		f->numline = k.numline;
 		f->sizebc = k.sizebc;
 		f->name_id = k.name_id;
-		/* Recursion repeats one proto: note it once. */
-		if (pt != w->last_pt)
+		/* Recursion repeats one proto: note it once. A site's was sent when the site
+		 * was remembered. */
+		if (pt != w->last_pt && !known)
 			lua_note_proto(w, f);
 		w->last_pt = pt;
 		w->last_bc = bc;
@@ -362,7 +368,7 @@ emitted:
 	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
-		lj_site_fill(w, f);
+		lua_site_fill(w->site_fill, w->last_a, w->tgid, f);
 	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
@@ -407,10 +413,10 @@ static long lua_step(__u64 i, void *unused)
 	}
 	struct lrec_lua_config *c = &w->cfg;
 	if (w->site_check) {
-		/* The frame was located by a remembered A: unless it is the caller, by the A
-		 * the bytecode holds now. */
+		/* The frame was located by a remembered A, with its proto; when it holds no
+		 * function, by the A the bytecode holds now. */
 		w->site_check = 0;
-		if (!lj_site_verify(w)) {
+		if (!lj_site_use(w)) {
 			w->last_a = lj_call_a(w->last_call);
 			w->frame = lj_caller_frame(w, w->site_callee, w->last_a);
 			w->site_fill = w->last_call;

@@ -427,18 +427,6 @@ static __always_inline void puc_proto_fields(struct puc_work *w, struct lrec_lua
 	f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
 }
 
-/* Whether the proto in w->pt is the one site remembers (the same key) and holds pc. */
-static __always_inline int puc_site_holds(struct puc_work *w, struct lua_site *site, __u64 pc)
-{
-	struct lrec_lua_frame f;
-	struct lua_proto_key k;
-	puc_proto_fields(w, &f);
-	f.name_id = 0;
-	lua_proto_key_of(&k, w->tgid, &f);
-	return lua_proto_key_eq(&k, &site->k) && pc > w->last_code &&
-	       pc - w->last_code <= 4ULL * f.sizebc;
-}
-
 /* One step of the walk: emits the CallInfo w->ci and moves to the one below it, or to the
  * next thread out. */
 static long puc_step(__u64 i, void *unused)
@@ -492,8 +480,8 @@ static long puc_step(__u64 i, void *unused)
 	/* A Lua function's proto; 5.1's closures say in isC whether they are C's (one read
 	 * from the header to p). Below the innermost frame of a 5.2+ thread, savedpc is the
 	 * return point of the call the frame made (saved before every call), in its own
-	 * proto's code: the proto remembered for it, if any (lua_sites; checked once its
-	 * fields are read). */
+	 * proto's code: the proto remembered for it, if any (lua_sites), names the frame
+	 * without a read (lrec checks it: LREC_FRAME_CHECK_PROTO). */
 	__u64 pt = 0;
 	int lua = tt == c->tag_lcl;
 	struct lua_site *site = 0;
@@ -530,6 +518,7 @@ static long puc_step(__u64 i, void *unused)
 	f->func = v;
 	f->cframe = w->bottom;
 	f->link = 0;
+	f->check = 0;
 	f->pos = ~0U;
 	f->name_id = 0;
 	if (!lua) {
@@ -547,10 +536,20 @@ static long puc_step(__u64 i, void *unused)
 		goto emitted;
 	}
 	f->ffid = 0;
-	if (v != w->last_func) {
+	__u64 code = w->last_code;
+	if (cached) {
+		/* The site's proto, its code at site->a; w->pt keeps the proto read last, so a
+		 * recursion into this function takes this path again. */
+		f->ptr = site->k.ptr;
+		f->chunkname = site->k.chunkname;
+		f->firstline = site->k.firstline;
+		f->numline = site->k.numline;
+		f->sizebc = site->k.sizebc;
+		f->check = LREC_FRAME_CHECK_PROTO;
+		code = site->a;
+		w->last_func = 0;
+	} else if (v != w->last_func) {
 		int fresh = 0;
-		if (cached && (puc_read_proto(w, pt, &fresh) || !puc_site_holds(w, site, savedpc)))
-			pt = rd64(v + c->cl_p); /* not the remembered proto: the closure's */
 		if (puc_read_proto(w, pt, &fresh)) {
 			w->flags |= LREC_LUA_BROKEN;
 			return 1;
@@ -559,17 +558,15 @@ static long puc_step(__u64 i, void *unused)
 		puc_proto_fields(w, f);
 		if (fresh)
 			puc_note_proto(w, f);
-		if (site && !cached && savedpc > w->last_code &&
-		    savedpc - w->last_code <= 4ULL * f->sizebc) {
-			site->pc = savedpc;
-			lua_proto_key_of(&site->k, w->tgid, f);
-		}
+		code = w->last_code;
+		if (site && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
+			lua_site_fill(savedpc, code, w->tgid, f);
 	} else {
 		/* The function of the frame above again (recursion). */
 		puc_proto_fields(w, f);
 	}
-	if (savedpc > w->last_code && savedpc - w->last_code < (1ULL << 28))
-		f->pos = (__u32)((savedpc - w->last_code) / 4) - 1;
+	if (savedpc > code && savedpc - code < (1ULL << 28))
+		f->pos = (__u32)((savedpc - code) / 4) - 1;
 	switch (c->fresh_rule) {
 	case LREC_PUC_RULE_FRESH:
 		if (status & c->cist_fresh)

@@ -192,10 +192,17 @@ struct lrec_lua_frame {
 	__u32 pos;       /* current bytecode position, ~0 when unknown */
 	__u8 ffid;       /* 0 Lua, 1 C, else a fast function */
 	__u8 link;       /* FRAME_* type of this frame's link */
-	__u8 pad[2];
+	__u8 check;      /* LREC_FRAME_CHECK_PROTO or 0 */
+	__u8 pad;
 	__u32 name_id;   /* LuaJIT: the chunk name's string id and hash, telling a new name
 			  * at the address of a freed one apart; 0 for PUC Lua */
 };
+
+/* lrec_lua_frame.check: the frame's proto fields (ptr to name_id) were not read in this
+ * sample but taken from a call site remembered in an earlier one (lua_sites): lrec checks,
+ * after the sample, that the proto at ptr still has them, and drops the frame and those
+ * below it when not. */
+#define LREC_FRAME_CHECK_PROTO 1
 
 struct lrec_lua_stack {
 	__u64 g;         /* global_State: tells VMs apart */

@@ -148,7 +148,9 @@ pub struct RawLuaFrame {
     pub pos: u32,
     pub ffid: u8,
     pub link: u8,
-    pub pad: [u8; 2],
+    /// [`FRAME_CHECK_PROTO`] or 0.
+    pub check: u8,
+    pub pad: u8,
     /// LuaJIT: the chunk name's string id and hash (a new name at a freed one's address).
     pub name_id: u32,
 }
@@ -332,6 +334,10 @@ unsafe impl aya::Pod for RawLuaConfig {}
 unsafe impl aya::Pod for RawPucConfig {}
 
 pub const MAX_LUA_RANGES: usize = 4;
+/// `RawLuaFrame::check`: the frame's proto fields (`ptr` to `name_id`) come from a call
+/// site BPF remembered in an earlier sample, not from a read in this one: lrec checks
+/// that the proto at `ptr` still has them (`LREC_FRAME_CHECK_PROTO`).
+pub const FRAME_CHECK_PROTO: u8 = 1;
 // The Lua flag bits are the format's too.
 const _: () = assert!(lrec_format::lua_flags::TRUNCATED == 1);
 const _: () = assert!(lrec_format::lua_flags::BROKEN == 2);
@@ -461,6 +467,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
+        assert_eq!(offset_of!(RawLuaFrame, check), 50);
         assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 30 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);

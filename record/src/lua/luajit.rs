@@ -316,6 +316,35 @@ pub fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> boo
         })
 }
 
+/// Whether the proto frame `f` names (from a call site BPF remembered) is still the one at
+/// its address: the same size, chunk name, lines and chunk-name identity, read as BPF
+/// reads them (ebpf/luajit.h, lj_proto_key). None when it cannot be read.
+pub fn proto_unchanged(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<bool> {
+    let a = &l.abi;
+    let mut span = [0u8; 128];
+    let len = (a.pt_firstline + 8 - a.pt_sizebc) as usize;
+    mem.read_exact_at(span.get_mut(..len)?, f.ptr + u64::from(a.pt_sizebc))
+        .ok()?;
+    let at = |off: u32| (off - a.pt_sizebc) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(span[o..o + 4].try_into().unwrap());
+    let chunkname = match l.gc64() {
+        true => u64::from_le_bytes(span[at(a.pt_chunkname)..][..8].try_into().unwrap()),
+        false => u64::from(u32_at(at(a.pt_chunkname))),
+    };
+    let fields = (
+        u32_at(0),
+        chunkname,
+        u32_at(at(a.pt_firstline)) as i32,
+        u32_at(at(a.pt_firstline) + 4),
+    );
+    if fields != (f.sizebc, f.chunkname, f.firstline, f.numline) {
+        return Some(false);
+    }
+    // GCstr: the string's id and hash precede its length.
+    let id = read_u64(mem, chunkname + u64::from(a.str_len) - 8)?;
+    Some((id as u32) ^ ((id >> 32) as u32) == f.name_id)
+}
+
 /// Reads a proto's chunk name and line table, checking that it still is the proto BPF
 /// saw (the same chunk name, first line, line count and size).
 pub fn read_proto(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<LuaProto> {

@@ -104,6 +104,9 @@ macro_rules! proto_key {
     };
 }
 
+// After proto_key!, which it uses.
+mod check;
+
 /// The Lua VMs of every recorded process.
 #[derive(Default)]
 pub struct LuaVms {
@@ -114,6 +117,8 @@ pub struct LuaVms {
     protos: FxHashMap<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
     copied: FxHashMap<ProtoKey, RawLuaProto>,
+    /// The protos of frames BPF named from remembered call sites, checked here.
+    checks: check::ProtoChecks,
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -316,24 +321,39 @@ impl LuaVms {
             true => self.puc.get(&sample.pid)?,
             false => self.luajit.get(&sample.pid)?,
         };
-        let frames = match p.detection {
+        let (pid, mem) = (sample.pid, p.mem.as_ref());
+        // The frames that stand once their protos named by call sites are checked.
+        let (t, frames) = (sample.time_ns, walk.frames.as_slice());
+        let n = match p.detection {
+            Detection::Ready(layout, _) => self.checks.standing(pid, t, frames, |f| {
+                luajit::proto_unchanged(mem?, &LAYOUTS[layout], f)
+            }),
+            Detection::Puc(ref rel) => self
+                .checks
+                .standing(pid, t, frames, |f| puc::proto_unchanged(mem?, &rel.abi, f)),
+            _ => return None,
+        };
+        let frames: Vec<LuaFrame> = match p.detection {
             Detection::Ready(layout, ref traces) => {
                 let layout = &LAYOUTS[layout];
                 if walk.header.vmstate > 0 && traces.searching() {
-                    self.find_traces(sample.pid, layout, &walk);
+                    self.find_traces(pid, layout, &walk);
                 }
-                walk.frames
+                walk.frames[..n]
                     .iter()
-                    .map(|f| self.frame(f, |t, f| t.proto(sample.pid, layout, f)))
+                    .map(|f| self.frame(f, |t, f| t.proto(pid, layout, f)))
                     .collect()
             }
-            Detection::Puc(rel) => walk
-                .frames
+            Detection::Puc(rel) => walk.frames[..n]
                 .iter()
-                .map(|f| self.frame(f, |t, f| t.puc_proto(sample.pid, &rel, f)))
+                .map(|f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f)))
                 .collect(),
             _ => return None,
         };
+        let mut flags = u32::from(walk.header.flags);
+        if frames.len() < walk.frames.len() {
+            flags |= lua_flags::BROKEN;
+        }
         Some(LuaStack {
             pid: sample.pid,
             tid: sample.tid,
@@ -342,7 +362,7 @@ impl LuaVms {
             state: walk.header.l,
             cframe: walk.header.cframe,
             vmstate: walk.header.vmstate,
-            flags: u32::from(walk.header.flags),
+            flags,
             frames,
         })
     }
@@ -547,6 +567,13 @@ impl LuaVms {
     /// The recording ends: a LuaJIT layout still being told is not known, and the capture
     /// says why its samples have no Lua frames.
     pub fn finish(&mut self) {
+        if self.checks.cut > 0 {
+            self.messages.push(format!(
+                "{} samples lost their Lua frames from a function whose code was collected \
+                 and replaced before lrec could check it (marked broken)",
+                self.checks.cut
+            ));
+        }
         let pending: Vec<(u32, u32)> = self
             .luajit
             .iter()

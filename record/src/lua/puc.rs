@@ -16,7 +16,9 @@ use std::os::unix::fs::FileExt;
 
 use crate::lua::puc_names::Code;
 use crate::lua::{read_u32, read_u64};
-use crate::raw::{puc_rule, puc_strings, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
+use crate::raw::{
+    puc_rule, puc_strings, RawLuaFrame, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT,
+};
 
 /// One PUC Lua release's layout.
 #[derive(Debug, Clone, Copy)]
@@ -350,6 +352,24 @@ fn read_string(mem: &File, abi: &RawPucConfig, s: u64) -> Option<String> {
 
 /// Reads the code and names of the proto at `pt` in the live process, if it still is the
 /// one a sample ran (same source string, first line and size).
+/// Whether the proto frame `f` names (from a call site BPF remembered) is still the one at
+/// its address: the same source, lines and size (the key BPF gives PUC protos). None when
+/// it cannot be read.
+pub fn proto_unchanged(mem: &File, abi: &RawPucConfig, f: &RawLuaFrame) -> Option<bool> {
+    // The Proto's header, read at once.
+    let mut hdr = [0u8; 256];
+    mem.read_exact_at(hdr.get_mut(..abi.p_size as usize)?, f.ptr)
+        .ok()?;
+    let u32_at = |off: u32| u32::from_le_bytes(hdr[off as usize..][..4].try_into().unwrap());
+    let source = u64::from_le_bytes(hdr[abi.p_source as usize..][..8].try_into().unwrap());
+    Some(
+        source == f.chunkname
+            && u32_at(abi.p_linedefined) as i32 == f.firstline
+            && u32_at(abi.p_lastlinedefined) == f.numline
+            && u32_at(abi.p_sizecode) == f.sizebc,
+    )
+}
+
 pub fn read_code(
     mem: &File,
     abi: &RawPucConfig,
