@@ -17,6 +17,11 @@ use super::ProtoKey;
 use crate::procfs::monotonic_ns;
 use crate::raw::{RawLuaFrame, FRAME_CHECK_PROTO};
 
+/// How long after its time a sample's walk may still run: a sample's time is taken just
+/// before BPF walks its stack, and a check counts for the samples whose walks ended before
+/// it began. (A walk takes tens of microseconds at most: BPF cannot sleep.)
+const WALK_NS: u64 = 1_000_000;
+
 /// Each checked proto's last check: when (CLOCK_MONOTONIC ns, taken before the read, the
 /// clock of the samples' times) and whether it held.
 #[derive(Default)]
@@ -44,7 +49,7 @@ impl ProtoChecks {
             let key = proto_key!(pid, f);
             let last = self.last.get(&key).copied();
             let holds = match last {
-                Some((at, holds)) if at >= time_ns => holds,
+                Some((at, holds)) if at >= time_ns.saturating_add(WALK_NS) => holds,
                 _ => {
                     let at = monotonic_ns();
                     let holds = unchanged(f).unwrap_or(last.is_none_or(|(_, held)| held));
@@ -99,13 +104,16 @@ mod tests {
             reads.set(reads.get() + 1);
             Some(true)
         };
-        let t0 = monotonic_ns();
+        let t0 = monotonic_ns() - 2 * WALK_NS;
         c.standing(7, t0, &frames, read);
         c.standing(7, t0, &frames, read);
         assert_eq!(reads.get(), 1);
+        // One taken just before the read may have been walked after it.
+        c.standing(7, monotonic_ns(), &frames, read);
+        assert_eq!(reads.get(), 2);
         // A sample taken after the read is read for again.
         c.standing(7, monotonic_ns() + 1_000_000_000, &frames, read);
-        assert_eq!(reads.get(), 2);
+        assert_eq!(reads.get(), 3);
     }
 
     #[test]
