@@ -69,7 +69,7 @@ fn read_region(pid: u32, mem: &File, addr: u64, buf: &mut [u8]) -> u64 {
     let mut unreadable = 0;
     for (i, piece) in buf.chunks_mut(1 << 20).enumerate() {
         let at = addr + (i as u64) * (1 << 20);
-        if read_vm(pid, at, piece) || read_full(mem, at, piece) {
+        if procfs::read_vm(pid, at, piece) || read_full(mem, at, piece) {
             continue;
         }
         for (j, page) in piece.chunks_mut(PAGE as usize).enumerate() {
@@ -80,22 +80,6 @@ fn read_region(pid: u32, mem: &File, addr: u64, buf: &mut [u8]) -> u64 {
         }
     }
     unreadable
-}
-
-/// One process_vm_readv of all of `buf`.
-fn read_vm(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: `local` covers `buf`, which lives across the call; the remote range is
-    // only read, in the other process.
-    let n = unsafe { libc::process_vm_readv(pid as i32, &local, 1, &remote, 1, 0) };
-    n == buf.len() as isize
 }
 
 fn read_full(mem: &File, addr: u64, buf: &mut [u8]) -> bool {

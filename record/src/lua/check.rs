@@ -5,42 +5,80 @@
 //! frame's key; a frame that fails it, and the frames below it (located through the
 //! site's call), are dropped, and the stack is marked broken.
 //!
-//! One read checks a proto for every sample taken before it: a proto that was replaced
-//! when the sample ran and is back, with the same key, when lrec reads it would have to be
-//! replaced twice, by code of the same name, lines and size. A proto that can no longer be
-//! read (its process has exited) keeps its last check, or stands if it had none: BPF read
-//! it when it remembered the site.
+//! lrec takes samples in batches: all that the ring buffer holds, each complete (its walk
+//! ended) before the batch begins. A proto is checked once per batch, when the first
+//! sample naming it is taken in, and that read serves every sample of the batch: a proto
+//! that was replaced when a sample ran and is back, with the same key, when lrec reads it
+//! would have to be replaced twice, by code of the same name, lines and size. A proto
+//! that can no longer be read (its process has exited) keeps its last check, or stands if
+//! it had none: BPF read it when it remembered the site.
+//!
+//! The reads go a page at a time, each page once per batch ([`Pages`]): a chunk's protos
+//! are allocated together, so the few hundred protos of a deep stack lie in a few pages.
 
 use rustc_hash::FxHashMap;
 
 use super::ProtoKey;
-use crate::procfs::monotonic_ns;
+use crate::procfs::read_vm;
 use crate::raw::{RawLuaFrame, FRAME_CHECK_PROTO};
 
-/// How long after its time a sample's walk may still run: a sample's time is taken just
-/// before BPF walks its stack, and a check counts for the samples whose walks ended before
-/// it began. (A walk takes tens of microseconds at most: BPF cannot sleep.)
-const WALK_NS: u64 = 1_000_000;
+const PAGE: u64 = 4096;
 
-/// Each checked proto's last check: when (CLOCK_MONOTONIC ns, taken before the read, the
-/// clock of the samples' times) and whether it held.
+/// The recorded processes' memory as read in this batch, a page at a time, by (pid, page
+/// address); None: the page could not be read.
+#[derive(Default)]
+pub struct Pages(FxHashMap<(u32, u64), Option<Box<[u8]>>>);
+
+impl Pages {
+    /// Reads all of `buf` at `addr` in process `pid`, from pages read once per batch.
+    pub fn read(&mut self, pid: u32, addr: u64, buf: &mut [u8]) -> bool {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = addr + done as u64;
+            let page = at & !(PAGE - 1);
+            let bytes = self.0.entry((pid, page)).or_insert_with(|| {
+                let mut b = vec![0u8; PAGE as usize].into_boxed_slice();
+                read_vm(pid, page, &mut b).then_some(b)
+            });
+            let Some(bytes) = bytes else {
+                return false;
+            };
+            let off = (at - page) as usize;
+            let n = (buf.len() - done).min(PAGE as usize - off);
+            buf[done..done + n].copy_from_slice(&bytes[off..off + n]);
+            done += n;
+        }
+        true
+    }
+}
+
 #[derive(Default)]
 pub(super) struct ProtoChecks {
+    /// The batch being taken in.
+    batch: u64,
+    /// Each checked proto's last check: its batch and whether it held.
     last: FxHashMap<ProtoKey, (u64, bool)>,
+    /// The pages read in this batch.
+    pages: Pages,
     /// Samples whose frames were cut.
     pub(super) cut: u64,
 }
 
 impl ProtoChecks {
-    /// How many of a sample's `frames` (innermost first, taken at `time_ns` in process
-    /// `pid`) stand: those above the first whose proto fails its check, all if none does.
-    /// `unchanged` reads whether a frame's proto still has its key (None: unreadable).
+    /// A new batch of samples begins, each complete before now.
+    pub(super) fn next_batch(&mut self) {
+        self.batch += 1;
+        self.pages.0.clear();
+    }
+
+    /// How many of a sample's `frames` (innermost first, in process `pid`) stand: those
+    /// above the first whose proto fails its check, all if none does. `unchanged` reads
+    /// (from the pages given) whether a frame's proto still has its key (None: unreadable).
     pub(super) fn standing(
         &mut self,
         pid: u32,
-        time_ns: u64,
         frames: &[RawLuaFrame],
-        unchanged: impl Fn(&RawLuaFrame) -> Option<bool>,
+        unchanged: impl Fn(&mut Pages, &RawLuaFrame) -> Option<bool>,
     ) -> usize {
         for (i, f) in frames.iter().enumerate() {
             if f.check & FRAME_CHECK_PROTO == 0 {
@@ -49,11 +87,11 @@ impl ProtoChecks {
             let key = proto_key!(pid, f);
             let last = self.last.get(&key).copied();
             let holds = match last {
-                Some((at, holds)) if at >= time_ns.saturating_add(WALK_NS) => holds,
+                Some((batch, holds)) if batch == self.batch => holds,
                 _ => {
-                    let at = monotonic_ns();
-                    let holds = unchanged(f).unwrap_or(last.is_none_or(|(_, held)| held));
-                    self.last.insert(key, (at, holds));
+                    let read = unchanged(&mut self.pages, f);
+                    let holds = read.unwrap_or(last.is_none_or(|(_, held)| held));
+                    self.last.insert(key, (self.batch, holds));
                     holds
                 }
             };
@@ -69,6 +107,7 @@ impl ProtoChecks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
 
     fn frame(ptr: u64, check: bool) -> RawLuaFrame {
         RawLuaFrame {
@@ -81,47 +120,65 @@ mod tests {
 
     #[test]
     fn a_replaced_proto_drops_its_frame_and_those_below() {
-        let mut c = ProtoChecks::default();
         let frames = [
             frame(1, false),
             frame(2, true),
             frame(3, true),
             frame(4, false),
         ];
-        assert_eq!(c.standing(7, 0, &frames, |_| Some(true)), 4);
         let mut c = ProtoChecks::default();
-        assert_eq!(c.standing(7, 0, &frames, |f| Some(f.ptr != 3)), 2);
+        assert_eq!(c.standing(7, &frames, |_, _| Some(true)), 4);
+        let mut c = ProtoChecks::default();
+        assert_eq!(c.standing(7, &frames, |_, f| Some(f.ptr != 3)), 2);
+        assert_eq!(c.cut, 1);
         // Frames without the mark are never read.
-        assert_eq!(c.standing(7, 0, &frames[..1], |_| unreachable!()), 1);
+        assert_eq!(c.standing(7, &frames[..1], |_, _| unreachable!()), 1);
     }
 
     #[test]
-    fn one_read_serves_the_samples_taken_before_it() {
+    fn one_read_per_proto_serves_a_batch() {
         let mut c = ProtoChecks::default();
-        let frames = [frame(2, true)];
-        let reads = std::cell::Cell::new(0);
-        let read = |_: &RawLuaFrame| {
+        let frames = [frame(2, true), frame(3, true)];
+        let reads = Cell::new(0);
+        let read = |_: &mut Pages, _: &RawLuaFrame| {
             reads.set(reads.get() + 1);
             Some(true)
         };
-        let t0 = monotonic_ns() - 2 * WALK_NS;
-        c.standing(7, t0, &frames, read);
-        c.standing(7, t0, &frames, read);
-        assert_eq!(reads.get(), 1);
-        // One taken just before the read may have been walked after it.
-        c.standing(7, monotonic_ns(), &frames, read);
+        c.next_batch();
+        assert_eq!(c.standing(7, &frames, read), 2);
+        assert_eq!(c.standing(7, &frames, read), 2);
         assert_eq!(reads.get(), 2);
-        // A sample taken after the read is read for again.
-        c.standing(7, monotonic_ns() + 1_000_000_000, &frames, read);
-        assert_eq!(reads.get(), 3);
+        // The next batch's samples may have run after those reads.
+        c.next_batch();
+        assert_eq!(c.standing(7, &frames, read), 2);
+        assert_eq!(reads.get(), 4);
     }
 
     #[test]
     fn an_unreadable_proto_keeps_its_last_check() {
         let mut c = ProtoChecks::default();
         let frames = [frame(2, true)];
-        assert_eq!(c.standing(7, 0, &frames, |_| None), 1);
-        assert_eq!(c.standing(7, u64::MAX, &frames, |_| Some(false)), 0);
-        assert_eq!(c.standing(7, u64::MAX, &frames, |_| None), 0);
+        assert_eq!(c.standing(7, &frames, |_, _| None), 1);
+        c.next_batch();
+        assert_eq!(c.standing(7, &frames, |_, _| Some(false)), 0);
+        c.next_batch();
+        assert_eq!(c.standing(7, &frames, |_, _| None), 0);
+    }
+
+    #[test]
+    fn pages_are_read_once_and_across_their_ends() {
+        // This process's own memory, read as a target's.
+        let data: Vec<u8> = (0..3 * PAGE as usize).map(|i| (i % 251) as u8).collect();
+        // 3 bytes before the end of a page within data.
+        let at = ((data.as_ptr() as u64 + PAGE) & !(PAGE - 1)) - 3;
+        let i = (at - data.as_ptr() as u64) as usize;
+        let mut pages = Pages::default();
+        let mut buf = [0u8; 8];
+        assert!(pages.read(std::process::id(), at, &mut buf));
+        assert_eq!(buf, data[i..i + 8]);
+        assert_eq!(pages.0.len(), 2);
+        assert!(pages.read(std::process::id(), at + 4, &mut buf[..4]));
+        assert_eq!(pages.0.len(), 2);
+        assert!(!pages.read(std::process::id(), 8, &mut buf));
     }
 }

@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 
 use lrec_format::{LuaProto, Sample};
 
+use crate::lua::check::Pages;
 use crate::lua::{read_u32, read_u64, VmCode};
 use crate::raw::{RawLuaConfig, RawLuaFrame, MAX_LUA_RANGES};
 
@@ -316,15 +317,15 @@ pub fn on_stack(mem: &File, l: &Layout, sample: &Sample, code: &[VmCode]) -> boo
         })
 }
 
-/// Whether the proto frame `f` names (from a call site BPF remembered) is still the one at
-/// its address: the same size, chunk name, lines and chunk-name identity, read as BPF
-/// reads them (ebpf/luajit.h, lj_proto_key). None when it cannot be read.
-pub fn proto_unchanged(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<bool> {
+/// Whether the proto frame `f` of process `pid` names (from a call site BPF remembered) is
+/// still the one at its address: the same size, chunk name, lines and chunk-name identity,
+/// read as BPF reads them (ebpf/luajit.h, lj_proto_key). None when it cannot be read.
+pub fn proto_unchanged(mem: &mut Pages, pid: u32, l: &Layout, f: &RawLuaFrame) -> Option<bool> {
     let a = &l.abi;
     let mut span = [0u8; 128];
     let len = (a.pt_firstline + 8 - a.pt_sizebc) as usize;
-    mem.read_exact_at(span.get_mut(..len)?, f.ptr + u64::from(a.pt_sizebc))
-        .ok()?;
+    mem.read(pid, f.ptr + u64::from(a.pt_sizebc), span.get_mut(..len)?)
+        .then_some(())?;
     let at = |off: u32| (off - a.pt_sizebc) as usize;
     let u32_at = |o: usize| u32::from_le_bytes(span[o..o + 4].try_into().unwrap());
     let chunkname = match l.gc64() {
@@ -341,7 +342,10 @@ pub fn proto_unchanged(mem: &File, l: &Layout, f: &RawLuaFrame) -> Option<bool> 
         return Some(false);
     }
     // GCstr: the string's id and hash precede its length.
-    let id = read_u64(mem, chunkname + u64::from(a.str_len) - 8)?;
+    let mut id = [0u8; 8];
+    mem.read(pid, chunkname + u64::from(a.str_len) - 8, &mut id)
+        .then_some(())?;
+    let id = u64::from_le_bytes(id);
     Some((id as u32) ^ ((id >> 32) as u32) == f.name_id)
 }
 

@@ -105,7 +105,7 @@ macro_rules! proto_key {
 }
 
 // After proto_key!, which it uses.
-mod check;
+pub(crate) mod check;
 
 /// The Lua VMs of every recorded process.
 #[derive(Default)]
@@ -308,6 +308,11 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
+    /// A new batch of samples begins: each was complete before now (see [`check`]).
+    pub fn next_batch(&mut self) {
+        self.checks.next_batch();
+    }
+
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record.
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
@@ -321,16 +326,19 @@ impl LuaVms {
             true => self.puc.get(&sample.pid)?,
             false => self.luajit.get(&sample.pid)?,
         };
-        let (pid, mem) = (sample.pid, p.mem.as_ref());
+        let pid = sample.pid;
         // The frames that stand once their protos named by call sites are checked.
-        let (t, frames) = (sample.time_ns, walk.frames.as_slice());
+        let frames = walk.frames.as_slice();
         let n = match p.detection {
-            Detection::Ready(layout, _) => self.checks.standing(pid, t, frames, |f| {
-                luajit::proto_unchanged(mem?, &LAYOUTS[layout], f)
+            Detection::Ready(layout, _) => {
+                let l = &LAYOUTS[layout];
+                self.checks.standing(pid, frames, |mem, f| {
+                    luajit::proto_unchanged(mem, pid, l, f)
+                })
+            }
+            Detection::Puc(ref rel) => self.checks.standing(pid, frames, |mem, f| {
+                puc::proto_unchanged(mem, pid, &rel.abi, f)
             }),
-            Detection::Puc(ref rel) => self
-                .checks
-                .standing(pid, t, frames, |f| puc::proto_unchanged(mem?, &rel.abi, f)),
             _ => return None,
         };
         let frames: Vec<LuaFrame> = match p.detection {

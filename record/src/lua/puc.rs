@@ -14,6 +14,7 @@ use lrec_format::elf;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use crate::lua::check::Pages;
 use crate::lua::puc_names::Code;
 use crate::lua::{read_u32, read_u64};
 use crate::raw::{
@@ -355,11 +356,16 @@ fn read_string(mem: &File, abi: &RawPucConfig, s: u64) -> Option<String> {
 /// Whether the proto frame `f` names (from a call site BPF remembered) is still the one at
 /// its address: the same source, lines and size (the key BPF gives PUC protos). None when
 /// it cannot be read.
-pub fn proto_unchanged(mem: &File, abi: &RawPucConfig, f: &RawLuaFrame) -> Option<bool> {
+pub fn proto_unchanged(
+    mem: &mut Pages,
+    pid: u32,
+    abi: &RawPucConfig,
+    f: &RawLuaFrame,
+) -> Option<bool> {
     // The Proto's header, read at once.
     let mut hdr = [0u8; 256];
-    mem.read_exact_at(hdr.get_mut(..abi.p_size as usize)?, f.ptr)
-        .ok()?;
+    mem.read(pid, f.ptr, hdr.get_mut(..abi.p_size as usize)?)
+        .then_some(())?;
     let u32_at = |off: u32| u32::from_le_bytes(hdr[off as usize..][..4].try_into().unwrap());
     let source = u64::from_le_bytes(hdr[abi.p_source as usize..][..8].try_into().unwrap());
     Some(
