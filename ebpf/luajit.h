@@ -600,6 +600,7 @@ static __always_inline __u32 lua_stack_end(struct sample_buf *b, struct lua_work
 	h->vmstate = vmstate;
 	h->nframes = w->n;
 	h->flags = w->flags;
+	h->walked_ns = bpf_ktime_get_ns();
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 

@@ -645,6 +645,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	h->vmstate = -1; /* as LuaJIT's LJ_VMST_INTERP: interpreted */
 	h->nframes = w->n;
 	h->flags = w->flags | LREC_LUA_PUC;
+	h->walked_ns = bpf_ktime_get_ns();
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 

@@ -211,6 +211,9 @@ struct lrec_lua_stack {
 	__s32 vmstate;
 	__u16 nframes;
 	__u16 flags;
+	/* When the walk ended (CLOCK_MONOTONIC ns): a read of the target's memory after it
+	 * sees what the walk saw or newer (lrec's check of LREC_FRAME_CHECK_PROTO frames). */
+	__u64 walked_ns;
 	/* nframes struct lrec_lua_frame follow */
 };
 

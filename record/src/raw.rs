@@ -132,6 +132,8 @@ pub struct RawLuaStack {
     pub vmstate: i32,
     pub nframes: u16,
     pub flags: u16,
+    /// When the walk ended (CLOCK_MONOTONIC ns).
+    pub walked_ns: u64,
 }
 
 /// `struct lrec_lua_frame`.
@@ -462,7 +464,7 @@ mod tests {
         assert_eq!(size_of::<RawThreadState>(), 72);
         assert_eq!(offset_of!(RawThreadState, syscall_ns), 32);
         assert_eq!(offset_of!(RawThreadState, kstack_len), 64);
-        assert_eq!(size_of::<RawLuaStack>(), 32);
+        assert_eq!(size_of::<RawLuaStack>(), 40);
         assert_eq!(size_of::<RawLuaFrame>(), 56);
         assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
         assert_eq!(offset_of!(RawLuaFrame, pos), 44);

@@ -387,26 +387,15 @@ fn latency_wanted(args: &Args) -> bool {
     !args.latency.is_empty() || args.node_loop
 }
 
-/// Writes every sample waiting in the ring buffer; stops at the first that fails. The
-/// samples are decoded first and taken in as one batch, each complete before the batch
-/// begins: the Lua frames BPF named from remembered call sites are checked once per batch
-/// (see `lua::check`).
+/// Writes every sample waiting in the ring buffer; stops at the first that fails.
 fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     let mut failure = None;
-    let mut batch = Vec::new();
     sampler.drain(|record| match record {
-        Drained::Sample(bytes) if failure.is_none() => match RawSample::decode(bytes) {
-            Ok(d) => batch.push(d),
-            Err(e) => failure = Some(e),
-        },
+        Drained::Sample(bytes) if failure.is_none() => failure = rec.on_sample(bytes).err(),
         Drained::Sample(_) => {}
         Drained::LuaProto(bytes) => rec.lua.on_proto(bytes),
     });
-    rec.lua.next_batch();
-    for d in batch {
-        rec.on_sample(d)?;
-    }
-    failure.map_or(Ok(()), |e| Err(e.into()))
+    failure.map_or(Ok(()), Err)
 }
 
 struct Recording {
@@ -505,12 +494,12 @@ impl Recording {
         Ok(())
     }
 
-    fn on_sample(&mut self, decoded: Decoded) -> Result<()> {
+    fn on_sample(&mut self, bytes: &[u8]) -> Result<()> {
         let Decoded {
             sample,
             lua: walk,
             off_cpu,
-        } = decoded;
+        } = RawSample::decode(bytes)?;
         if self.deadline_ns.is_some_and(|d| sample.time_ns > d) && off_cpu.is_none() {
             // Taken after `-d` ran out, while lrec was still busy: not part of the recording.
             self.late += 1;

@@ -5,42 +5,57 @@
 //! frame's key; a frame that fails it, and the frames below it (located through the
 //! site's call), are dropped, and the stack is marked broken.
 //!
-//! lrec takes samples in batches: all that the ring buffer holds, each complete (its walk
-//! ended) before the batch begins. A proto is checked once per batch, when the first
-//! sample naming it is taken in, and that read serves every sample of the batch: a proto
-//! that was replaced when a sample ran and is back, with the same key, when lrec reads it
-//! would have to be replaced twice, by code of the same name, lines and size. A proto
-//! that can no longer be read (its process has exited) keeps its last check, or stands if
-//! it had none: BPF read it when it remembered the site.
+//! A sample carries the time its walk ended. A read begun after that time serves it, and
+//! every other sample walked before the read began: a proto that was replaced when a
+//! sample ran and is back, with the same key, when lrec reads it would have to be replaced
+//! twice, by code of the same name, lines and size. So a proto is read about once per
+//! drain of the ring buffer, by the first sample naming it, for all the samples the ring
+//! held. A proto that can no longer be read (its process has exited) keeps its last
+//! check, or stands if it had none: BPF read it when it remembered the site.
 //!
-//! The reads go a page at a time, each page once per batch ([`Pages`]): a chunk's protos
-//! are allocated together, so the few hundred protos of a deep stack lie in a few pages.
+//! The reads go a page at a time ([`Pages`]): a chunk's protos are allocated together, so
+//! the few hundred protos of a deep stack lie in a few pages.
 
 use rustc_hash::FxHashMap;
 
 use super::ProtoKey;
-use crate::procfs::read_vm;
+use crate::procfs::{monotonic_ns, read_vm};
 use crate::raw::{RawLuaFrame, FRAME_CHECK_PROTO};
 
 const PAGE: u64 = 4096;
+/// Pages kept (16 MiB): beyond, they are all let go.
+const MAX_PAGES: usize = 4096;
 
-/// The recorded processes' memory as read in this batch, a page at a time, by (pid, page
-/// address); None: the page could not be read.
+/// A page of a target's memory: when it was read (CLOCK_MONOTONIC ns, before the read;
+/// 0: not yet) and its bytes (None: it could not be read).
+type Page = (u64, Option<Box<[u8]>>);
+
+/// The recorded processes' memory, read a page at a time, by (pid, page address).
 #[derive(Default)]
-pub struct Pages(FxHashMap<(u32, u64), Option<Box<[u8]>>>);
+pub struct Pages {
+    pages: FxHashMap<(u32, u64), Page>,
+    /// Reads of this sample see the target's memory as of this time or later.
+    after: u64,
+}
 
 impl Pages {
-    /// Reads all of `buf` at `addr` in process `pid`, from pages read once per batch.
+    /// Reads all of `buf` at `addr` in process `pid`, from pages read after
+    /// [`Pages::after`] (read again when older).
     pub fn read(&mut self, pid: u32, addr: u64, buf: &mut [u8]) -> bool {
         let mut done = 0;
         while done < buf.len() {
             let at = addr + done as u64;
             let page = at & !(PAGE - 1);
-            let bytes = self.0.entry((pid, page)).or_insert_with(|| {
+            if self.pages.len() >= MAX_PAGES && !self.pages.contains_key(&(pid, page)) {
+                self.pages.clear();
+            }
+            let entry = self.pages.entry((pid, page)).or_insert((0, None));
+            if entry.0 == 0 || entry.0 < self.after {
+                let now = monotonic_ns();
                 let mut b = vec![0u8; PAGE as usize].into_boxed_slice();
-                read_vm(pid, page, &mut b).then_some(b)
-            });
-            let Some(bytes) = bytes else {
+                *entry = (now, read_vm(pid, page, &mut b).then_some(b));
+            }
+            let Some(bytes) = &entry.1 else {
                 return false;
             };
             let off = (at - page) as usize;
@@ -54,32 +69,27 @@ impl Pages {
 
 #[derive(Default)]
 pub(super) struct ProtoChecks {
-    /// The batch being taken in.
-    batch: u64,
-    /// Each checked proto's last check: its batch and whether it held.
+    /// Each checked proto's last check: when it began (CLOCK_MONOTONIC ns) and whether
+    /// it held.
     last: FxHashMap<ProtoKey, (u64, bool)>,
-    /// The pages read in this batch.
     pages: Pages,
     /// Samples whose frames were cut.
     pub(super) cut: u64,
 }
 
 impl ProtoChecks {
-    /// A new batch of samples begins, each complete before now.
-    pub(super) fn next_batch(&mut self) {
-        self.batch += 1;
-        self.pages.0.clear();
-    }
-
-    /// How many of a sample's `frames` (innermost first, in process `pid`) stand: those
-    /// above the first whose proto fails its check, all if none does. `unchanged` reads
-    /// (from the pages given) whether a frame's proto still has its key (None: unreadable).
+    /// How many of a sample's `frames` (innermost first, in process `pid`, walked until
+    /// `walked_ns`) stand: those above the first whose proto fails its check, all if none
+    /// does. `unchanged` reads (from the pages given) whether a frame's proto still has
+    /// its key (None: unreadable).
     pub(super) fn standing(
         &mut self,
         pid: u32,
+        walked_ns: u64,
         frames: &[RawLuaFrame],
         unchanged: impl Fn(&mut Pages, &RawLuaFrame) -> Option<bool>,
     ) -> usize {
+        self.pages.after = walked_ns;
         for (i, f) in frames.iter().enumerate() {
             if f.check & FRAME_CHECK_PROTO == 0 {
                 continue;
@@ -87,11 +97,12 @@ impl ProtoChecks {
             let key = proto_key!(pid, f);
             let last = self.last.get(&key).copied();
             let holds = match last {
-                Some((batch, holds)) if batch == self.batch => holds,
+                Some((at, holds)) if at >= walked_ns => holds,
                 _ => {
+                    let at = monotonic_ns();
                     let read = unchanged(&mut self.pages, f);
                     let holds = read.unwrap_or(last.is_none_or(|(_, held)| held));
-                    self.last.insert(key, (self.batch, holds));
+                    self.last.insert(key, (at, holds));
                     holds
                 }
             };
@@ -127,16 +138,16 @@ mod tests {
             frame(4, false),
         ];
         let mut c = ProtoChecks::default();
-        assert_eq!(c.standing(7, &frames, |_, _| Some(true)), 4);
+        assert_eq!(c.standing(7, 0, &frames, |_, _| Some(true)), 4);
         let mut c = ProtoChecks::default();
-        assert_eq!(c.standing(7, &frames, |_, f| Some(f.ptr != 3)), 2);
+        assert_eq!(c.standing(7, 0, &frames, |_, f| Some(f.ptr != 3)), 2);
         assert_eq!(c.cut, 1);
         // Frames without the mark are never read.
-        assert_eq!(c.standing(7, &frames[..1], |_, _| unreachable!()), 1);
+        assert_eq!(c.standing(7, 0, &frames[..1], |_, _| unreachable!()), 1);
     }
 
     #[test]
-    fn one_read_per_proto_serves_a_batch() {
+    fn one_read_serves_the_samples_walked_before_it() {
         let mut c = ProtoChecks::default();
         let frames = [frame(2, true), frame(3, true)];
         let reads = Cell::new(0);
@@ -144,13 +155,11 @@ mod tests {
             reads.set(reads.get() + 1);
             Some(true)
         };
-        c.next_batch();
-        assert_eq!(c.standing(7, &frames, read), 2);
-        assert_eq!(c.standing(7, &frames, read), 2);
+        assert_eq!(c.standing(7, 0, &frames, read), 2);
+        assert_eq!(c.standing(7, 0, &frames, read), 2);
         assert_eq!(reads.get(), 2);
-        // The next batch's samples may have run after those reads.
-        c.next_batch();
-        assert_eq!(c.standing(7, &frames, read), 2);
+        // A sample walked after those reads began is read for again.
+        assert_eq!(c.standing(7, monotonic_ns() + 1, &frames, read), 2);
         assert_eq!(reads.get(), 4);
     }
 
@@ -158,11 +167,13 @@ mod tests {
     fn an_unreadable_proto_keeps_its_last_check() {
         let mut c = ProtoChecks::default();
         let frames = [frame(2, true)];
-        assert_eq!(c.standing(7, &frames, |_, _| None), 1);
-        c.next_batch();
-        assert_eq!(c.standing(7, &frames, |_, _| Some(false)), 0);
-        c.next_batch();
-        assert_eq!(c.standing(7, &frames, |_, _| None), 0);
+        assert_eq!(c.standing(7, 0, &frames, |_, _| None), 1);
+        let later = monotonic_ns() + 1;
+        assert_eq!(c.standing(7, later, &frames, |_, _| Some(false)), 0);
+        assert_eq!(
+            c.standing(7, later + 1_000_000_000, &frames, |_, _| None),
+            0
+        );
     }
 
     #[test]
@@ -176,9 +187,14 @@ mod tests {
         let mut buf = [0u8; 8];
         assert!(pages.read(std::process::id(), at, &mut buf));
         assert_eq!(buf, data[i..i + 8]);
-        assert_eq!(pages.0.len(), 2);
+        assert_eq!(pages.pages.len(), 2);
+        let read_at = pages.pages.values().map(|p| p.0).max();
         assert!(pages.read(std::process::id(), at + 4, &mut buf[..4]));
-        assert_eq!(pages.0.len(), 2);
+        assert_eq!(pages.pages.values().map(|p| p.0).max(), read_at);
+        // Pages read before a sample's walk ended are read again.
+        pages.after = monotonic_ns() + 1;
+        assert!(pages.read(std::process::id(), at + 4, &mut buf[..4]));
+        assert!(pages.pages.values().map(|p| p.0).max() > read_at);
         assert!(!pages.read(std::process::id(), 8, &mut buf));
     }
 }

@@ -76,7 +76,7 @@ struct ProcessVm {
     mem: Option<File>,
 }
 
-#[derive(Hash, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 struct ProtoKey {
     pid: u32,
     ptr: u64,
@@ -85,6 +85,15 @@ struct ProtoKey {
     numline: u32,
     sizebc: u32,
     name_id: u32,
+}
+
+/// Hashed by process and address alone: looked up for every Lua frame of every sample
+/// (twice, with [`check`]), and protos at one address differ in their other fields only
+/// after a collection (equality compares them all).
+impl std::hash::Hash for ProtoKey {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_u64(self.ptr ^ (u64::from(self.pid) << 48));
+    }
 }
 
 /// The key of a proto, from a frame that runs it ([`RawLuaFrame`]) or from BPF's copy of it
@@ -308,11 +317,6 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
-    /// A new batch of samples begins: each was complete before now (see [`check`]).
-    pub fn next_batch(&mut self) {
-        self.checks.next_batch();
-    }
-
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record.
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
@@ -328,15 +332,15 @@ impl LuaVms {
         };
         let pid = sample.pid;
         // The frames that stand once their protos named by call sites are checked.
-        let frames = walk.frames.as_slice();
+        let (frames, walked) = (walk.frames.as_slice(), walk.header.walked_ns);
         let n = match p.detection {
             Detection::Ready(layout, _) => {
                 let l = &LAYOUTS[layout];
-                self.checks.standing(pid, frames, |mem, f| {
+                self.checks.standing(pid, walked, frames, |mem, f| {
                     luajit::proto_unchanged(mem, pid, l, f)
                 })
             }
-            Detection::Puc(ref rel) => self.checks.standing(pid, frames, |mem, f| {
+            Detection::Puc(ref rel) => self.checks.standing(pid, walked, frames, |mem, f| {
                 puc::proto_unchanged(mem, pid, &rel.abi, f)
             }),
             _ => return None,
