@@ -286,6 +286,16 @@ static __always_inline __u64 lj_caller_frame(struct lua_work *w, __u64 frame, __
 	return frame - 8 * (1 + (w->cfg.gc64 ? 1 : 0) + a);
 }
 
+/* The PC a frame's caller runs at, from the frame's link: the return PC for a Lua frame
+ * (its link), `cont` for a continuation frame (a metamethod the VM called keeps its
+ * caller's PC), else unknown (0). */
+static __always_inline __u64 lj_caller_pc(struct lua_work *w, __u64 link, __u64 cont)
+{
+	if ((link & 3) == LJ_FRAME_LUA)
+		return w->cfg.gc64 ? link : (__u32)link;
+	return (link & 7) == LJ_FRAME_CONT ? cont : 0;
+}
+
 #include "luajit_sites.h"
 
 /* What lua_emit emitted. */
@@ -377,16 +387,6 @@ emitted:
 	return f->pos == ~0U ? LUA_EMIT_NO_PC : LUA_EMIT_PC;
 }
 
-/* The PC a frame's caller runs at, from the frame's link: the return PC for a Lua frame
- * (its link), `cont` for a continuation frame (a metamethod the VM called keeps its
- * caller's PC), else unknown (0). */
-static __always_inline __u64 lj_caller_pc(struct lua_work *w, __u64 link, __u64 cont)
-{
-	if ((link & 3) == LJ_FRAME_LUA)
-		return w->cfg.gc64 ? link : (__u32)link;
-	return (link & 7) == LJ_FRAME_CONT ? cont : 0;
-}
-
 /* A sample in a trace that cannot be mapped keeps the trace's start frame only, from the
  * stack and without a PC: drops the frames emitted so far (all since the walk began) and
  * flags the sample. */
@@ -399,64 +399,6 @@ static __always_inline void lua_unmapped(struct lua_work *w)
 	w->last_pt = 0;
 	w->last_func = 0;
 	w->flags = (w->flags & ~LREC_LUA_JIT_MAPPED) | LREC_LUA_JIT_UNMAPPED;
-}
-
-/* The step of a frame located by a remembered call site (w->site_check) when it is a Lua
- * function called from Lua, as most of a deep stack is: emits it from the site
- * (LREC_FRAME_CHECK_PROTO, as lua_emit would) and moves to its caller, with none of the
- * general step's cases. 0 when the frame is not such a frame (lua_step takes it). */
-static __always_inline int lj_site_step(struct lua_work *w)
-{
-	struct lrec_lua_config *c = &w->cfg;
-	if (w->frame <= w->bot)
-		return 0;
-	__u64 func, link;
-	lj_frame(w, &func, &link);
-	__u64 pt = w->site_key.ptr, bc = pt + c->pt_size;
-	/* Not a dummy frame, called from Lua, and above the stack top of any C frame that
-	 * ended below (lua_step's C frame loop would have nothing to do). */
-	if (!func || func == w->l || (link & 3) != LJ_FRAME_LUA ||
-	    !lj_pc_in(w->last_call, bc, w->site_key.sizebc) || w->nres_of != w->cf ||
-	    (w->nres < 0 && w->frame < w->stack + (__u64)(-(__s64)w->nres)))
-		return 0;
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!b)
-		return 0;
-	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
-	f->func = func;
-	f->ptr = pt;
-	f->chunkname = w->site_key.chunkname;
-	f->cframe = w->cf;
-	f->firstline = w->site_key.firstline;
-	f->numline = w->site_key.numline;
-	f->sizebc = w->site_key.sizebc;
-	f->pos = (__u32)((w->last_call - bc) / 4) - 1;
-	f->ffid = 0;
-	f->link = link & 7;
-	f->check = LREC_FRAME_CHECK_PROTO;
-	f->pad = 0;
-	f->name_id = w->site_key.name_id;
-	w->out += sizeof(struct lrec_lua_frame);
-	w->n++;
-	w->site_check = 0;
-	w->site_fill = 0;
-	w->last_func = func;
-	w->last_pt = pt;
-	w->last_bc = bc;
-	/* On to the caller, as lua_step does. */
-	w->pc = lj_caller_pc(w, link, 0);
-	if (w->pc != w->last_call) {
-		w->last_call = w->pc;
-		if (lj_site_cached(w)) {
-			w->site_check = 1;
-			w->site_callee = w->frame;
-		} else {
-			w->last_a = lj_call_a(w->pc);
-			w->site_fill = w->pc;
-		}
-	}
-	w->frame = lj_caller_frame(w, w->frame, w->last_a);
-	return 1;
 }
 
 /* One step of the walk: emits the frame at w->frame and moves to the one below. */
@@ -554,20 +496,7 @@ static long lua_step(__u64 i, void *unused)
 	}
 	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
-		/* The call's A operand sizes the caller's frame: the same call site again in a
-		 * recursion is read once; one seen in an earlier sample is remembered, and
-		 * checked at the frame it locates. */
-		if (w->pc != w->last_call) {
-			w->last_call = w->pc;
-			if (lj_site_cached(w)) {
-				w->site_check = 1;
-				w->site_callee = w->frame;
-			} else {
-				w->last_a = lj_call_a(w->pc);
-				w->site_fill = w->pc;
-			}
-		}
-		w->frame = lj_caller_frame(w, w->frame, w->last_a);
+		lj_to_caller(w);
 		return 0;
 	}
 	if (c_entry) {
