@@ -340,6 +340,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	f->ffid = known ? 0 : fn[c->fn_ffid & 63];
 	f->link = link;
 	f->check = known ? LREC_FRAME_CHECK_PROTO : 0;
+	f->pad = 0; /* lrec compares frames whole (record/src/lua/reuse.rs) */
 	f->chunkname = 0;
 	f->firstline = 0;
 	f->numline = 0;

@@ -519,6 +519,7 @@ static long puc_step(__u64 i, void *unused)
 	f->cframe = w->bottom;
 	f->link = 0;
 	f->check = 0;
+	f->pad = 0; /* lrec compares frames whole (record/src/lua/reuse.rs) */
 	f->pos = ~0U;
 	f->name_id = 0;
 	if (!lua) {

@@ -193,7 +193,7 @@ struct lrec_lua_frame {
 	__u8 ffid;       /* 0 Lua, 1 C, else a fast function */
 	__u8 link;       /* FRAME_* type of this frame's link */
 	__u8 check;      /* LREC_FRAME_CHECK_PROTO or 0 */
-	__u8 pad;
+	__u8 pad;       /* 0: lrec compares frames whole */
 	__u32 name_id;   /* LuaJIT: the chunk name's string id and hash, telling a new name
 			  * at the address of a freed one apart; 0 for PUC Lua */
 };

@@ -81,35 +81,39 @@ impl ProtoChecks {
     /// How many of a sample's `frames` (innermost first, in process `pid`, walked until
     /// `walked_ns`) stand: those above the first whose proto fails its check, all if none
     /// does. `unchanged` reads (from the pages given) whether a frame's proto still has
-    /// its key (None: unreadable).
+    /// its key (None: unreadable). `checked` gets, for each standing frame, when the check
+    /// it stands by began (`u64::MAX`: a frame BPF read, with nothing to check).
     pub(super) fn standing(
         &mut self,
         pid: u32,
         walked_ns: u64,
         frames: &[RawLuaFrame],
+        checked: &mut Vec<u64>,
         unchanged: impl Fn(&mut Pages, &RawLuaFrame) -> Option<bool>,
     ) -> usize {
         self.pages.after = walked_ns;
         for (i, f) in frames.iter().enumerate() {
             if f.check & FRAME_CHECK_PROTO == 0 {
+                checked.push(u64::MAX);
                 continue;
             }
             let key = proto_key!(pid, f);
             let last = self.last.get(&key).copied();
-            let holds = match last {
-                Some((at, holds)) if at >= walked_ns => holds,
+            let (at, holds) = match last {
+                Some((at, holds)) if at >= walked_ns => (at, holds),
                 _ => {
                     let at = monotonic_ns();
                     let read = unchanged(&mut self.pages, f);
                     let holds = read.unwrap_or(last.is_none_or(|(_, held)| held));
                     self.last.insert(key, (at, holds));
-                    holds
+                    (at, holds)
                 }
             };
             if !holds {
                 self.cut += 1;
                 return i;
             }
+            checked.push(at);
         }
         frames.len()
     }
@@ -138,12 +142,21 @@ mod tests {
             frame(4, false),
         ];
         let mut c = ProtoChecks::default();
-        assert_eq!(c.standing(7, 0, &frames, |_, _| Some(true)), 4);
+        assert_eq!(
+            c.standing(7, 0, &frames, &mut Vec::new(), |_, _| Some(true)),
+            4
+        );
         let mut c = ProtoChecks::default();
-        assert_eq!(c.standing(7, 0, &frames, |_, f| Some(f.ptr != 3)), 2);
+        assert_eq!(
+            c.standing(7, 0, &frames, &mut Vec::new(), |_, f| Some(f.ptr != 3)),
+            2
+        );
         assert_eq!(c.cut, 1);
         // Frames without the mark are never read.
-        assert_eq!(c.standing(7, 0, &frames[..1], |_, _| unreachable!()), 1);
+        assert_eq!(
+            c.standing(7, 0, &frames[..1], &mut Vec::new(), |_, _| unreachable!()),
+            1
+        );
     }
 
     #[test]
@@ -155,11 +168,14 @@ mod tests {
             reads.set(reads.get() + 1);
             Some(true)
         };
-        assert_eq!(c.standing(7, 0, &frames, read), 2);
-        assert_eq!(c.standing(7, 0, &frames, read), 2);
+        assert_eq!(c.standing(7, 0, &frames, &mut Vec::new(), read), 2);
+        assert_eq!(c.standing(7, 0, &frames, &mut Vec::new(), read), 2);
         assert_eq!(reads.get(), 2);
         // A sample walked after those reads began is read for again.
-        assert_eq!(c.standing(7, monotonic_ns() + 1, &frames, read), 2);
+        assert_eq!(
+            c.standing(7, monotonic_ns() + 1, &frames, &mut Vec::new(), read),
+            2
+        );
         assert_eq!(reads.get(), 4);
     }
 
@@ -167,11 +183,20 @@ mod tests {
     fn an_unreadable_proto_keeps_its_last_check() {
         let mut c = ProtoChecks::default();
         let frames = [frame(2, true)];
-        assert_eq!(c.standing(7, 0, &frames, |_, _| None), 1);
+        assert_eq!(c.standing(7, 0, &frames, &mut Vec::new(), |_, _| None), 1);
         let later = monotonic_ns() + 1;
-        assert_eq!(c.standing(7, later, &frames, |_, _| Some(false)), 0);
         assert_eq!(
-            c.standing(7, later + 1_000_000_000, &frames, |_, _| None),
+            c.standing(7, later, &frames, &mut Vec::new(), |_, _| Some(false)),
+            0
+        );
+        assert_eq!(
+            c.standing(
+                7,
+                later + 1_000_000_000,
+                &frames,
+                &mut Vec::new(),
+                |_, _| None
+            ),
             0
         );
     }

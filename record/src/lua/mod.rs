@@ -115,6 +115,7 @@ macro_rules! proto_key {
 
 // After proto_key!, which it uses.
 pub(crate) mod check;
+mod reuse;
 
 /// The Lua VMs of every recorded process.
 #[derive(Default)]
@@ -128,6 +129,8 @@ pub struct LuaVms {
     copied: FxHashMap<ProtoKey, RawLuaProto>,
     /// The protos of frames BPF named from remembered call sites, checked here.
     checks: check::ProtoChecks,
+    /// Each thread's last stack, whose outer frames the next one shares.
+    last: reuse::LastStacks,
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -330,50 +333,64 @@ impl LuaVms {
             true => self.puc.get(&sample.pid)?,
             false => self.luajit.get(&sample.pid)?,
         };
-        let pid = sample.pid;
-        // The frames that stand once their protos named by call sites are checked.
-        let (frames, walked) = (walk.frames.as_slice(), walk.header.walked_ns);
+        let (pid, tid) = (sample.pid, sample.tid);
+        // The outer frames shared with the thread's last stack are converted already;
+        // the others stand once their protos named by call sites are checked.
+        let last = self.last.take(tid, pid, by_puc);
+        let (raw, walked) = (walk.frames.as_slice(), walk.header.walked_ns);
+        let shared = last.as_ref().map_or(0, |l| l.shared(raw, walked));
+        let head = &raw[..raw.len() - shared];
+        let mut checked = Vec::with_capacity(head.len());
         let n = match p.detection {
             Detection::Ready(layout, _) => {
                 let l = &LAYOUTS[layout];
-                self.checks.standing(pid, walked, frames, |mem, f| {
-                    luajit::proto_unchanged(mem, pid, l, f)
-                })
+                self.checks
+                    .standing(pid, walked, head, &mut checked, |mem, f| {
+                        luajit::proto_unchanged(mem, pid, l, f)
+                    })
             }
-            Detection::Puc(ref rel) => self.checks.standing(pid, walked, frames, |mem, f| {
-                puc::proto_unchanged(mem, pid, &rel.abi, f)
-            }),
+            Detection::Puc(ref rel) => {
+                self.checks
+                    .standing(pid, walked, head, &mut checked, |mem, f| {
+                        puc::proto_unchanged(mem, pid, &rel.abi, f)
+                    })
+            }
             _ => return None,
         };
-        let frames: Vec<LuaFrame> = match p.detection {
+        let mut frames: Vec<LuaFrame> = Vec::with_capacity(raw.len());
+        match p.detection {
             Detection::Ready(layout, ref traces) => {
                 let layout = &LAYOUTS[layout];
                 if walk.header.vmstate > 0 && traces.searching() {
                     self.find_traces(pid, layout, &walk);
                 }
-                walk.frames[..n]
-                    .iter()
-                    .map(|f| self.frame(f, |t, f| t.proto(pid, layout, f)))
-                    .collect()
+                let convert = |f| self.frame(f, |t, f| t.proto(pid, layout, f));
+                frames.extend(head[..n].iter().map(convert));
             }
-            Detection::Puc(rel) => walk.frames[..n]
-                .iter()
-                .map(|f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f)))
-                .collect(),
+            Detection::Puc(rel) => {
+                let convert = |f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
+                frames.extend(head[..n].iter().map(convert));
+            }
             _ => return None,
-        };
-        let mut flags = u32::from(walk.header.flags);
-        if frames.len() < walk.frames.len() {
+        }
+        let (header, mut flags) = (walk.header, u32::from(walk.header.flags));
+        if n < head.len() {
             flags |= lua_flags::BROKEN;
+        } else {
+            if let Some(l) = &last {
+                frames.extend_from_slice(l.tail(shared));
+            }
+            self.last
+                .keep((tid, pid, by_puc), walk.frames, &frames, checked, last);
         }
         Some(LuaStack {
-            pid: sample.pid,
-            tid: sample.tid,
+            pid,
+            tid,
             time_ns: sample.time_ns,
-            vm: walk.header.g,
-            state: walk.header.l,
-            cframe: walk.header.cframe,
-            vmstate: walk.header.vmstate,
+            vm: header.g,
+            state: header.l,
+            cframe: header.cframe,
+            vmstate: header.vmstate,
             flags,
             frames,
         })
