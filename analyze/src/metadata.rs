@@ -59,6 +59,7 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
             // inflated here.
             let samples = kind_bit(kind::SAMPLE)
                 | kind_bit(kind::LUA_STACK)
+                | kind_bit(kind::LUA_STACK_SHARED)
                 | kind_bit(kind::OFF_CPU)
                 | kind_bit(kind::LUA_HEAP_MEMORY);
             if chunk.kinds & !samples == 0 {
@@ -71,6 +72,7 @@ pub fn read_metadata(capture: &Capture) -> Metadata {
                 |k| {
                     k != kind::SAMPLE
                         && k != kind::LUA_STACK
+                        && k != kind::LUA_STACK_SHARED
                         && k != kind::OFF_CPU
                         && k != kind::LUA_HEAP_MEMORY
                 },

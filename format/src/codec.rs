@@ -106,6 +106,20 @@ pub(crate) fn sample_ref(body: &[u8]) -> Option<SampleRef<'_>> {
 /// Decodes a whole `LuaStack` record body, or `None` when it is not exactly one.
 pub(crate) fn lua_stack(body: &[u8]) -> Option<LuaStack> {
     let mut c = Cursor { rest: body };
+    let stack = lua_stack_at(&mut c)?;
+    c.rest.is_empty().then_some(stack)
+}
+
+/// Decodes a whole `LUA_STACK_SHARED` record body: a `LuaStack` of its innermost frames,
+/// and how many outer frames it shares with its thread's previous stack.
+pub(crate) fn lua_stack_shared(body: &[u8]) -> Option<(LuaStack, usize)> {
+    let mut c = Cursor { rest: body };
+    let stack = lua_stack_at(&mut c)?;
+    let shared = usize::try_from(c.varint()?).ok()?;
+    c.rest.is_empty().then_some((stack, shared))
+}
+
+fn lua_stack_at(c: &mut Cursor<'_>) -> Option<LuaStack> {
     let pid = c.u32()?;
     let tid = c.u32()?;
     let time_ns = c.varint()?;
@@ -130,7 +144,7 @@ pub(crate) fn lua_stack(body: &[u8]) -> Option<LuaStack> {
             cframe: c.varint()?,
         });
     }
-    c.rest.is_empty().then_some(LuaStack {
+    Some(LuaStack {
         pid,
         tid,
         time_ns,
@@ -145,6 +159,20 @@ pub(crate) fn lua_stack(body: &[u8]) -> Option<LuaStack> {
 
 /// Appends `stack` as bincode's serde path would.
 pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
+    encode_lua_frames(stack, &stack.frames, buf);
+}
+
+/// Appends a `LUA_STACK_SHARED` record body: `stack` without its `shared` outermost
+/// frames, then `shared`.
+pub(crate) fn encode_lua_stack_shared(stack: &LuaStack, shared: usize, buf: &mut Vec<u8>) {
+    encode_lua_frames(stack, &stack.frames[..stack.frames.len() - shared], buf);
+    let mut b = Staged::default();
+    b.varint(shared as u64);
+    b.flush(buf);
+}
+
+/// Appends `stack` with `frames` for its frames, as bincode's serde path would.
+fn encode_lua_frames(stack: &LuaStack, frames: &[LuaFrame], buf: &mut Vec<u8>) {
     let mut b = Staged::default();
     b.varint(u64::from(stack.pid));
     b.varint(u64::from(stack.tid));
@@ -154,9 +182,9 @@ pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
     b.varint(stack.cframe);
     b.varint(u64::from(zigzag(stack.vmstate)));
     b.varint(u64::from(stack.flags));
-    b.varint(stack.frames.len() as u64);
+    b.varint(frames.len() as u64);
     b.flush(buf);
-    for f in &stack.frames {
+    for f in frames {
         b.bytes(&[f.kind, f.builtin, f.link]);
         b.varint(u64::from(f.function));
         b.varint(f.address);

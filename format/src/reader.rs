@@ -4,10 +4,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::v1::{kind, Record, RecordRef};
+use crate::v1::{kind, LuaFrame, LuaStack, Record, RecordRef};
 use crate::{
-    bincode_config, chunk_crc, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FILE_HEADER_LEN,
-    FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
+    bincode_config, chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC,
+    FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
 };
 
 /// Something wrong with a capture that did not stop it from being read.
@@ -219,6 +219,10 @@ impl Capture {
             warnings.push(w);
         }
         let mut unknown: Vec<(u16, u64)> = Vec::new();
+        // Lua stacks sharing frames with earlier ones are rebuilt from the last stack of
+        // each thread in the chunk.
+        let mut lua_last =
+            (chunk.kinds & kind_bit(kind::LUA_STACK_SHARED) != 0).then(LastLuaStacks::default);
         let mut pos = 0usize;
         while pos < raw.len() {
             if raw.len() - pos < 6 {
@@ -237,8 +241,29 @@ impl Capture {
             }
             let body = &raw[pos..pos + len];
             pos += len;
-            if !want(k) {
+            if !want(if k == kind::LUA_STACK_SHARED {
+                kind::LUA_STACK
+            } else {
+                k
+            }) {
                 continue;
+            }
+            if let Some(lua) = &mut lua_last {
+                if k == kind::LUA_STACK || k == kind::LUA_STACK_SHARED {
+                    match lua.stack(k, body) {
+                        Ok(s) => visit(RecordRef::Other(Record::LuaStack(s))),
+                        Err(what) => {
+                            // A stack not read cannot be shared from: none is, after it.
+                            lua.0.clear();
+                            warnings.push(ReadWarning::BadRecord {
+                                chunk_offset: chunk.offset,
+                                kind: k,
+                                what,
+                            })
+                        }
+                    }
+                    continue;
+                }
             }
             match decode_record(k, body) {
                 Ok(Some(r)) => visit(r),
@@ -320,6 +345,39 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String
         Ok((v, n)) if n == body.len() => Ok(v),
         Ok((_, n)) => Err(format!("{} trailing bytes", body.len() - n)),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The last Lua stack of each thread in a chunk, which a `LUA_STACK_SHARED` record
+/// shares its outer frames with: tid → (pid, frames).
+#[derive(Default)]
+struct LastLuaStacks(std::collections::HashMap<u32, (u32, Vec<LuaFrame>)>);
+
+impl LastLuaStacks {
+    /// Decodes a `LUA_STACK` or `LUA_STACK_SHARED` record (kind `k`) in full.
+    fn stack(&mut self, k: u16, body: &[u8]) -> Result<LuaStack, String> {
+        let (mut s, shared) = match k {
+            kind::LUA_STACK => match crate::codec::lua_stack(body) {
+                Some(s) => (s, 0),
+                None => (decode(body)?, 0),
+            },
+            _ => crate::codec::lua_stack_shared(body)
+                .ok_or("not a Lua stack sharing frames".to_string())?,
+        };
+        let (pid, last) = self.0.entry(s.tid).or_default();
+        if shared > 0 {
+            if *pid != s.pid || shared > last.len() {
+                return Err(format!(
+                    "shares {shared} frames with an earlier stack of thread {} that the \
+                     chunk lacks",
+                    s.tid
+                ));
+            }
+            s.frames.extend_from_slice(&last[last.len() - shared..]);
+        }
+        *pid = s.pid;
+        last.clone_from(&s.frames);
+        Ok(s)
     }
 }
 

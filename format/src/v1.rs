@@ -23,6 +23,12 @@ pub mod kind {
     pub const LOST: u16 = 7;
     pub const END: u16 = 8;
     pub const KERNEL_SYMBOLS: u16 = 9;
+    /// A [`LuaStack`](super::LuaStack) sharing its outer frames with the previous Lua
+    /// stack of its thread (and process) in the same chunk: encoded as a `LUA_STACK` of
+    /// the frames it does not share, then how many it does (a varint). Readers give it as
+    /// a whole `LuaStack`; lrec writes it for a deep stack whose outer frames did not
+    /// change (most samples of a deep stack).
+    pub const LUA_STACK_SHARED: u16 = 10;
     /// The Lua frames of one sample ([`LuaStack`](super::LuaStack)), written just before
     /// the sample it belongs to, in the same chunk.
     pub const LUA_STACK: u16 = 16;

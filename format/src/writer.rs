@@ -1,8 +1,9 @@
 //! Writes records into compressed, checksummed chunks.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 
-use crate::v1::{kind, Header, Record};
+use crate::v1::{kind, Header, LuaFrame, LuaStack, Record};
 use crate::{
     chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, MAGIC,
 };
@@ -48,22 +49,39 @@ struct Pending {
     records: u32,
     kinds: u32,
     samples: SampleSpan,
+    /// The last Lua stack of each thread in this chunk: tid → (pid, frames).
+    lua_last: HashMap<u32, (u32, Vec<LuaFrame>)>,
 }
 
 impl Pending {
     fn push(&mut self, record: &Record) -> Result<(), FormatError> {
+        let shared = match record {
+            Record::LuaStack(s) => self.lua_shared(s),
+            _ => 0,
+        };
+        let k = match shared {
+            0 => record.kind(),
+            _ => kind::LUA_STACK_SHARED,
+        };
         let buf = &mut self.buf;
         let start = buf.len();
-        buf.extend_from_slice(&record.kind().to_le_bytes());
+        buf.extend_from_slice(&k.to_le_bytes());
         buf.extend_from_slice(&[0; 4]);
-        if let Err(e) = record.encode_payload(buf) {
+        let encoded = match record {
+            Record::LuaStack(s) if shared > 0 => {
+                crate::codec::encode_lua_stack_shared(s, shared, buf);
+                Ok(())
+            }
+            _ => record.encode_payload(buf),
+        };
+        if let Err(e) = encoded {
             buf.truncate(start);
             return Err(e.into());
         }
         let len = (buf.len() - start - 6) as u32;
         buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
         self.records += 1;
-        self.kinds |= kind_bit(record.kind());
+        self.kinds |= kind_bit(k);
         let sample = match record {
             Record::Sample(s) => Some(s),
             Record::OffCpu(o) => Some(&o.sample),
@@ -78,6 +96,22 @@ impl Pending {
             });
         }
         Ok(())
+    }
+
+    /// How many outer frames `stack` shares with the last stack of its thread in this
+    /// chunk, which it then replaces.
+    fn lua_shared(&mut self, stack: &LuaStack) -> usize {
+        let (pid, last) = self.lua_last.entry(stack.tid).or_default();
+        let shared = match *pid == stack.pid {
+            true => (last.iter().rev())
+                .zip(stack.frames.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count(),
+            false => 0,
+        };
+        *pid = stack.pid;
+        last.clone_from(&stack.frames);
+        shared
     }
 
     fn encode(&self, level: i32) -> Result<Chunk, FormatError> {
@@ -135,6 +169,7 @@ impl Chunk {
             records: count,
             kinds,
             samples: SampleSpan::default(),
+            lua_last: HashMap::new(),
         };
         pending.encode(level)
     }

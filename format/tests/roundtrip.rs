@@ -309,3 +309,109 @@ fn chunks_kept_apart_make_a_capture_again() {
         .count();
     assert_eq!(names, 6);
 }
+
+/// A Lua stack of thread `tid` whose innermost `head` frames vary with `i` and whose
+/// `depth` outer frames do not.
+fn lua_stack(i: u64, tid: u32, head: usize, depth: usize) -> LuaStack {
+    let frame = |function: u32, pos: u32| LuaFrame {
+        kind: lua_frame_kind::LUA,
+        function,
+        pos,
+        cframe: 0x7ffd_1000,
+        ..LuaFrame::default()
+    };
+    let inner = (0..head).map(|h| frame(1000 + h as u32, (i as u32) * 7 + h as u32));
+    LuaStack {
+        pid: 42,
+        tid,
+        time_ns: 1_000 + i,
+        vm: 0x1000,
+        state: 0x2000,
+        frames: inner
+            .chain((0..depth).rev().map(|d| frame(d as u32, 3)))
+            .collect(),
+        ..LuaStack::default()
+    }
+}
+
+/// Lua stacks share their outer frames with the previous stack of their thread in the
+/// same chunk, and read back whole, across threads, depths and chunks.
+#[test]
+fn lua_stacks_share_outer_frames_within_a_chunk() {
+    let mut w = CaptureWriter::new(Vec::new(), &Header::default()).unwrap();
+    let mut expected = vec![Record::Header(Header::default())];
+    for i in 0..60u64 {
+        let tid = 42 + (i % 3) as u32;
+        // Deeper, shallower, and a stack of another process on one of the threads.
+        let mut s = lua_stack(i, tid, 1 + (i % 4) as usize, 20 + (i % 5) as usize);
+        if i == 31 {
+            s.pid = 43;
+        }
+        for r in [Record::LuaStack(s), Record::Sample(sample(i))] {
+            w.push(&r).unwrap();
+            expected.push(r);
+        }
+        if i % 20 == 19 {
+            w.flush().unwrap();
+        }
+    }
+    let end = Record::End(End::default());
+    w.push(&end).unwrap();
+    expected.push(end);
+    let bytes = w.finish().unwrap();
+    let cap = Capture::from_bytes(bytes).unwrap();
+    let (records, warnings) = cap.read_all();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(records, expected);
+    let shared = kind_bit(kind::LUA_STACK_SHARED);
+    assert!(cap
+        .chunks()
+        .iter()
+        .all(|c| c.kinds & kind_bit(kind::SAMPLE) == 0 || c.kinds & shared != 0));
+    // The first stack of each thread in a chunk is whole: 3 threads, 3 chunks, and the
+    // stack of another process with the one after it.
+    let whole = cap
+        .chunks()
+        .iter()
+        .map(|c| {
+            let raw = cap.inflate_chunk(c).unwrap();
+            let mut n = 0;
+            let mut at = 0;
+            while at < raw.len() {
+                let k = u16::from_le_bytes([raw[at], raw[at + 1]]);
+                n += usize::from(k == kind::LUA_STACK);
+                at += 6 + u32::from_le_bytes(raw[at + 2..at + 6].try_into().unwrap()) as usize;
+            }
+            n
+        })
+        .sum::<usize>();
+    assert_eq!(whole, 3 * 3 + 2);
+}
+
+/// A shared Lua stack whose thread's earlier stack is missing from its chunk is reported,
+/// never completed from another.
+#[test]
+fn a_shared_lua_stack_without_its_earlier_one_is_reported() {
+    let stacks: Vec<Record> = (0..4)
+        .map(|i| Record::LuaStack(lua_stack(i, 42, 1, 10)))
+        .collect();
+    let chunk = Chunk::encode(&stacks, 3).unwrap();
+    let mut bytes = CaptureWriter::new(Vec::new(), &Header::default())
+        .unwrap()
+        .finish()
+        .unwrap();
+    let cap = Capture::from_bytes([bytes.clone(), chunk.as_bytes().to_vec()].concat()).unwrap();
+    let raw = cap
+        .inflate_chunk(&cap.chunks()[cap.chunks().len() - 1])
+        .unwrap();
+    // Drop the first (whole) stack.
+    let first = 6 + u32::from_le_bytes(raw[2..6].try_into().unwrap()) as usize;
+    let damaged = Chunk::from_encoded(&raw[first..], 3, chunk.kinds(), 3).unwrap();
+    bytes.extend_from_slice(damaged.as_bytes());
+    let (records, warnings) = Capture::from_bytes(bytes).unwrap().read_all();
+    assert!(!records.iter().any(|r| r.kind() == kind::LUA_STACK));
+    assert!(
+        matches!(&warnings[..], [ReadWarning::BadRecord { kind: kind::LUA_STACK_SHARED, what, .. }, ..] if what.contains("lacks")),
+        "{warnings:?}"
+    );
+}

@@ -202,7 +202,8 @@ impl CaptureSink for Flight {
     }
 
     fn write_chunk(&mut self, chunk: Chunk) -> io::Result<()> {
-        let samples = kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK);
+        let samples =
+            kind_bit(kind::SAMPLE) | kind_bit(kind::LUA_STACK) | kind_bit(kind::LUA_STACK_SHARED);
         if chunk.kinds() & samples != 0 {
             self.ring.push_back(chunk);
         } else if chunk.kinds() != kind_bit(kind::HEADER) {
