@@ -335,7 +335,6 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		w->flags |= LREC_LUA_BROKEN;
 		return LUA_EMIT_FAILED;
 	}
-	f->func = func;
 	f->cframe = w->cf;
 	f->ffid = known ? 0 : fn[c->fn_ffid & 63];
 	f->link = link;

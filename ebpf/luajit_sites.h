@@ -80,7 +80,6 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	if (!b)
 		return 0;
 	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
-	f->func = func;
 	f->ptr = pt;
 	f->chunkname = w->site_key.chunkname;
 	f->cframe = w->cf;

@@ -515,7 +515,6 @@ static long puc_step(__u64 i, void *unused)
 			savedpc = w->l_savedpc; /* the innermost Lua function keeps pc in L */
 	}
 	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
-	f->func = v;
 	f->cframe = w->bottom;
 	f->link = 0;
 	f->check = 0;

@@ -181,7 +181,6 @@ struct lrec_lua_proto {
 
 /* One Lua frame. */
 struct lrec_lua_frame {
-	__u64 func;      /* GCfunc */
 	__u64 ptr;       /* Lua: GCproto; C and fast functions: the C function */
 	__u64 chunkname; /* Lua: GCstr of the chunk name; ptr/chunkname/firstline/numline/
 			  * sizebc tell a proto from another reusing its address */
@@ -193,7 +192,7 @@ struct lrec_lua_frame {
 	__u8 ffid;       /* 0 Lua, 1 C, else a fast function */
 	__u8 link;       /* FRAME_* type of this frame's link */
 	__u8 check;      /* LREC_FRAME_CHECK_PROTO or 0 */
-	__u8 pad;       /* 0: lrec compares frames whole */
+	__u8 pad;        /* 0: lrec compares frames whole */
 	__u32 name_id;   /* LuaJIT: the chunk name's string id and hash, telling a new name
 			  * at the address of a freed one apart; 0 for PUC Lua */
 };
@@ -218,7 +217,7 @@ struct lrec_lua_stack {
 };
 
 /* ---- PUC Lua 5.1–5.5 ------------------------------------------------------------- */
-/* PUC frames use struct lrec_lua_frame too: func is the closure, ptr its Proto (C
+/* PUC frames use struct lrec_lua_frame too: ptr is the closure's Proto (C
  * functions: the C function), chunkname the source TString, firstline/numline
  * linedefined/lastlinedefined, sizebc sizecode, pos the current instruction, ffid 0 Lua or
  * 1 C, link LREC_PUC_* bits, and cframe where the frame's coroutine began on the native

@@ -140,7 +140,6 @@ pub struct RawLuaStack {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RawLuaFrame {
-    pub func: u64,
     pub ptr: u64,
     pub chunkname: u64,
     pub cframe: u64,
@@ -465,11 +464,11 @@ mod tests {
         assert_eq!(offset_of!(RawThreadState, syscall_ns), 32);
         assert_eq!(offset_of!(RawThreadState, kstack_len), 64);
         assert_eq!(size_of::<RawLuaStack>(), 40);
-        assert_eq!(size_of::<RawLuaFrame>(), 56);
-        assert_eq!(offset_of!(RawLuaFrame, firstline), 32);
-        assert_eq!(offset_of!(RawLuaFrame, pos), 44);
-        assert_eq!(offset_of!(RawLuaFrame, ffid), 48);
-        assert_eq!(offset_of!(RawLuaFrame, check), 50);
+        assert_eq!(size_of::<RawLuaFrame>(), 48);
+        assert_eq!(offset_of!(RawLuaFrame, firstline), 24);
+        assert_eq!(offset_of!(RawLuaFrame, pos), 36);
+        assert_eq!(offset_of!(RawLuaFrame, ffid), 40);
+        assert_eq!(offset_of!(RawLuaFrame, check), 42);
         assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 30 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
