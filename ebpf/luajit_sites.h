@@ -11,8 +11,8 @@
  * proto in w->site_key (lj_site_use). */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
-	struct lua_site *s = lua_site_slot(w->pc);
-	if (!s || s->pc != w->pc || s->k.tgid != w->tgid)
+	struct lua_site *s = lua_site_find(w->pc, w->tgid);
+	if (!s)
 		return 0;
 	w->last_a = s->a;
 	w->site_key = s->k;

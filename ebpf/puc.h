@@ -485,7 +485,7 @@ static long puc_step(__u64 i, void *unused)
 	__u64 pt = 0;
 	int lua = tt == c->tag_lcl;
 	struct lua_site *site = 0;
-	int cached = 0;
+	int cached = 0, below = 0; /* below: a frame below the innermost (savedpc a site) */
 	if (lua && v != w->last_func) {
 		if (c->version == 501) {
 			__u32 n = c->cl_p + 8;
@@ -502,9 +502,10 @@ static long puc_step(__u64 i, void *unused)
 			lua = !w->cl[c->cl_isc & 63];
 			pt = *(__u64 *)&w->cl[c->cl_p & 63];
 		} else {
-			if (w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci))
-				site = lua_site_slot(savedpc);
-			cached = site && site->pc == savedpc && site->k.tgid == w->tgid;
+			below = w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci);
+			if (below)
+				site = lua_site_find(savedpc, w->tgid);
+			cached = site != 0;
 			pt = cached ? site->k.ptr : rd64(v + c->cl_p);
 		}
 	}
@@ -559,7 +560,7 @@ static long puc_step(__u64 i, void *unused)
 		if (fresh)
 			puc_note_proto(w, f);
 		code = w->last_code;
-		if (site && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
+		if (below && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
 			lua_site_fill(savedpc, code, w->tgid, f);
 	} else {
 		/* The function of the frame above again (recursion). */
