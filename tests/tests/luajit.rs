@@ -54,6 +54,13 @@ fn debian_luajit_jit_off() {
 }
 
 #[test]
+fn deep_frames_are_named_from_call_sites_jit_on_and_off() {
+    let gc64 = fixture_bin("luajit-gc64");
+    deep_frames_are_named_from_sites("gc64 deep jit on", &gc64, flags(false));
+    deep_frames_are_named_from_sites("gc64 deep jit off", &gc64, flags(true));
+}
+
+#[test]
 fn upstream_gc64_jit_on() {
     chains_are_exact("gc64 jit on", fixture_bin("luajit-gc64"), false);
 }

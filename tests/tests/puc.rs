@@ -135,6 +135,11 @@ fn stripped_static_lua54_kinds() {
 }
 
 #[test]
+fn deep_frames_of_lua54_are_named_from_call_sites() {
+    deep_frames_are_named_from_sites("lua5.4 deep", &fixture_bin("lua5.4-static"), &[]);
+}
+
+#[test]
 fn several_vms_in_a_stripped_static_puc_host() {
     several_vms_are_told_apart("puc-host", fixture_bin("puc-host"));
 }

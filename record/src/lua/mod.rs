@@ -20,7 +20,10 @@ use lrec_format::{
 };
 use rustc_hash::FxHashMap;
 
-use crate::raw::{LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, MAX_LUA_RANGES};
+use crate::raw::{
+    LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, FRAME_CHECK_PROTO,
+    MAX_LUA_RANGES,
+};
 use luajit::{Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
 
 /// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
@@ -131,6 +134,8 @@ pub struct LuaVms {
     checks: check::ProtoChecks,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
+    /// Lua frames BPF walked, and those it named from remembered call sites.
+    frames: (u64, u64),
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -320,6 +325,12 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
+    /// Lua frames BPF walked, and those it named from call sites remembered in earlier
+    /// samples.
+    pub fn frames_named_from_sites(&self) -> (u64, u64) {
+        self.frames
+    }
+
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record.
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
@@ -338,6 +349,11 @@ impl LuaVms {
         // the others stand once their protos named by call sites are checked.
         let last = self.last.take(tid, pid, by_puc);
         let (raw, walked) = (walk.frames.as_slice(), walk.header.walked_ns);
+        self.frames.0 += raw.len() as u64;
+        self.frames.1 += raw
+            .iter()
+            .filter(|f| f.check & FRAME_CHECK_PROTO != 0)
+            .count() as u64;
         let shared = last.as_ref().map_or(0, |l| l.shared(raw, walked));
         let head = &raw[..raw.len() - shared];
         let mut checked = Vec::with_capacity(head.len());

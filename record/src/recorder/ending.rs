@@ -25,6 +25,9 @@ pub struct Summary {
     pub state_samples: u64,
     /// `--lua-heap`: Lua VMs snapshotted (summed over the snapshots).
     pub heap_vms: u32,
+    /// Lua frames recorded, and those BPF named from call sites remembered in earlier
+    /// samples (without reading them).
+    pub lua_frames: (u64, u64),
 }
 
 /// The off-CPU intervals of a recording.
@@ -127,6 +130,15 @@ impl Summary {
                  (kernel.bpf_stats_enabled)",
                 us / runs as f64,
                 time.as_secs_f64()
+            );
+        }
+        // What the walk cost per frame: a frame named from a call site remembered in an
+        // earlier sample costs the target no read of its memory (lrec checks it after).
+        if let (frames @ 1.., named) = self.lua_frames {
+            eprintln!(
+                "lrec: Lua frames: {frames}, {:.1} % named from call sites remembered in \
+                 earlier samples",
+                named as f64 * 100.0 / frames as f64
             );
         }
     }
@@ -287,6 +299,7 @@ impl Recording {
             off_cpu: self.off_cpu_summary.take(),
             state_samples: self.state_samples,
             heap_vms: self.heap_vms,
+            lua_frames: self.lua.frames_named_from_sites(),
         })
     }
 }
