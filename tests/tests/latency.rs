@@ -116,10 +116,12 @@ fn c_function_latencies_match_the_truth_per_thread() {
                 // median falls between the 2 ms and the 3 ms calls, where one call the
                 // loaded machine stretched (a 2 ms call taking 2.4 ms) moves it by up to a
                 // millisecond, in the workload's own timing or in lrec's. Between the two
-                // groups is right.
+                // groups is right; so is agreeing with the workload's own median when the
+                // load moved that out of the band (CI once read 4014 µs against its 4010).
                 let got = num(row, q);
                 eprintln!("{what}: {got:.1} vs truth {want:.1} (between 1.8 and 3.3 ms)");
-                assert!((1800.0..=3300.0).contains(&got), "{what}: {got}");
+                let agrees = (got - want).abs() <= 0.10 * want;
+                assert!(agrees || (1800.0..=3300.0).contains(&got), "{what}: {got}");
                 continue;
             }
             within(num(row, q), want, 0.10, &what);
