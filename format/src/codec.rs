@@ -157,6 +157,54 @@ fn lua_stack_at(c: &mut Cursor<'_>) -> Option<LuaStack> {
     })
 }
 
+/// The last Lua stack of each thread in a chunk (tid → pid, frames), which a
+/// `LUA_STACK_SHARED` record shares its outer frames with: the writer finds them with
+/// [`LastLuaStacks::share`], the reader puts them back with [`LastLuaStacks::complete`].
+#[derive(Default)]
+pub(crate) struct LastLuaStacks(std::collections::HashMap<u32, (u32, Vec<LuaFrame>)>);
+
+impl LastLuaStacks {
+    /// How many outer frames `stack` shares with the last stack of its thread, which it
+    /// then replaces.
+    pub(crate) fn share(&mut self, stack: &LuaStack) -> usize {
+        let (pid, last) = self.0.entry(stack.tid).or_default();
+        let shared = match *pid == stack.pid {
+            true => (last.iter().rev())
+                .zip(stack.frames.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count(),
+            false => 0,
+        };
+        *pid = stack.pid;
+        last.clone_from(&stack.frames);
+        shared
+    }
+
+    /// Appends to `stack` the `shared` outer frames of the last stack of its thread, which
+    /// it then replaces.
+    pub(crate) fn complete(&mut self, stack: &mut LuaStack, shared: usize) -> Result<(), String> {
+        let (pid, last) = self.0.entry(stack.tid).or_default();
+        if shared > 0 {
+            if *pid != stack.pid || shared > last.len() {
+                return Err(format!(
+                    "shares {shared} frames with an earlier stack of thread {} that the \
+                     chunk lacks",
+                    stack.tid
+                ));
+            }
+            stack.frames.extend_from_slice(&last[last.len() - shared..]);
+        }
+        *pid = stack.pid;
+        last.clone_from(&stack.frames);
+        Ok(())
+    }
+
+    /// Forgets every stack: none can be shared from after one could not be read.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Appends `stack` as bincode's serde path would.
 pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
     encode_lua_frames(stack, &stack.frames, buf);

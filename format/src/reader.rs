@@ -4,7 +4,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::v1::{kind, LuaFrame, LuaStack, Record, RecordRef};
+use crate::codec::LastLuaStacks;
+use crate::v1::{kind, LuaStack, Record, RecordRef};
 use crate::{
     bincode_config, chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC,
     FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
@@ -250,11 +251,11 @@ impl Capture {
             }
             if let Some(lua) = &mut lua_last {
                 if k == kind::LUA_STACK || k == kind::LUA_STACK_SHARED {
-                    match lua.stack(k, body) {
+                    match lua_stack(lua, k, body) {
                         Ok(s) => visit(RecordRef::Other(Record::LuaStack(s))),
                         Err(what) => {
                             // A stack not read cannot be shared from: none is, after it.
-                            lua.0.clear();
+                            lua.clear();
                             warnings.push(ReadWarning::BadRecord {
                                 chunk_offset: chunk.offset,
                                 kind: k,
@@ -348,37 +349,19 @@ pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String
     }
 }
 
-/// The last Lua stack of each thread in a chunk, which a `LUA_STACK_SHARED` record
-/// shares its outer frames with: tid → (pid, frames).
-#[derive(Default)]
-struct LastLuaStacks(std::collections::HashMap<u32, (u32, Vec<LuaFrame>)>);
-
-impl LastLuaStacks {
-    /// Decodes a `LUA_STACK` or `LUA_STACK_SHARED` record (kind `k`) in full.
-    fn stack(&mut self, k: u16, body: &[u8]) -> Result<LuaStack, String> {
-        let (mut s, shared) = match k {
-            kind::LUA_STACK => match crate::codec::lua_stack(body) {
-                Some(s) => (s, 0),
-                None => (decode(body)?, 0),
-            },
-            _ => crate::codec::lua_stack_shared(body)
-                .ok_or("not a Lua stack sharing frames".to_string())?,
-        };
-        let (pid, last) = self.0.entry(s.tid).or_default();
-        if shared > 0 {
-            if *pid != s.pid || shared > last.len() {
-                return Err(format!(
-                    "shares {shared} frames with an earlier stack of thread {} that the \
-                     chunk lacks",
-                    s.tid
-                ));
-            }
-            s.frames.extend_from_slice(&last[last.len() - shared..]);
-        }
-        *pid = s.pid;
-        last.clone_from(&s.frames);
-        Ok(s)
-    }
+/// Decodes a `LUA_STACK` or `LUA_STACK_SHARED` record (kind `k`) in full, its shared
+/// frames from `last`.
+fn lua_stack(last: &mut LastLuaStacks, k: u16, body: &[u8]) -> Result<LuaStack, String> {
+    let (mut s, shared) = match k {
+        kind::LUA_STACK => match crate::codec::lua_stack(body) {
+            Some(s) => (s, 0),
+            None => (decode(body)?, 0),
+        },
+        _ => crate::codec::lua_stack_shared(body)
+            .ok_or("not a Lua stack sharing frames".to_string())?,
+    };
+    last.complete(&mut s, shared)?;
+    Ok(s)
 }
 
 /// `Ok(None)` for kinds this reader does not know. Samples (on and off CPU) are decoded in

@@ -1,9 +1,9 @@
 //! Writes records into compressed, checksummed chunks.
 
-use std::collections::HashMap;
 use std::io::{self, Write};
 
-use crate::v1::{kind, Header, LuaFrame, LuaStack, Record};
+use crate::codec::LastLuaStacks;
+use crate::v1::{kind, Header, Record};
 use crate::{
     chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, MAGIC,
 };
@@ -49,14 +49,14 @@ struct Pending {
     records: u32,
     kinds: u32,
     samples: SampleSpan,
-    /// The last Lua stack of each thread in this chunk: tid → (pid, frames).
-    lua_last: HashMap<u32, (u32, Vec<LuaFrame>)>,
+    /// The last Lua stack of each thread in this chunk.
+    lua_last: LastLuaStacks,
 }
 
 impl Pending {
     fn push(&mut self, record: &Record) -> Result<(), FormatError> {
         let shared = match record {
-            Record::LuaStack(s) => self.lua_shared(s),
+            Record::LuaStack(s) => self.lua_last.share(s),
             _ => 0,
         };
         let k = match shared {
@@ -96,22 +96,6 @@ impl Pending {
             });
         }
         Ok(())
-    }
-
-    /// How many outer frames `stack` shares with the last stack of its thread in this
-    /// chunk, which it then replaces.
-    fn lua_shared(&mut self, stack: &LuaStack) -> usize {
-        let (pid, last) = self.lua_last.entry(stack.tid).or_default();
-        let shared = match *pid == stack.pid {
-            true => (last.iter().rev())
-                .zip(stack.frames.iter().rev())
-                .take_while(|(a, b)| a == b)
-                .count(),
-            false => 0,
-        };
-        *pid = stack.pid;
-        last.clone_from(&stack.frames);
-        shared
     }
 
     fn encode(&self, level: i32) -> Result<Chunk, FormatError> {
@@ -169,7 +153,7 @@ impl Chunk {
             records: count,
             kinds,
             samples: SampleSpan::default(),
-            lua_last: HashMap::new(),
+            lua_last: LastLuaStacks::default(),
         };
         pending.encode(level)
     }

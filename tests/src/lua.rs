@@ -197,6 +197,19 @@ pub fn kinds_truth() -> Vec<Vec<u32>> {
     ]
 }
 
+/// Starts `INTERPRETER FLAGS… WORKLOAD ARG` (stdout discarded) and gives it 1 s to start.
+fn start_lua(interpreter: &Path, flags: &[&str], file: &str, arg: &str) -> std::process::Child {
+    let target = Command::new(interpreter)
+        .args(flags)
+        .arg(lua_workload(file))
+        .arg(arg)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    target
+}
+
 /// Runs `INTERPRETER FLAGS… WORKLOAD RUN_SECS`, attaches `lrec -p` to it after 1 s for
 /// `rec_secs`, and returns the test's directory and the capture.
 pub fn record_lua(
@@ -210,14 +223,7 @@ pub fn record_lua(
 ) -> (PathBuf, PathBuf) {
     let dir = tempfile_dir(&what.replace(' ', "-"));
     let cap = dir.join("lua.lrec");
-    let mut target = Command::new(interpreter)
-        .args(flags)
-        .arg(lua_workload(file))
-        .arg(run_secs.to_string())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    let mut target = start_lua(interpreter, flags, file, &run_secs.to_string());
     record_pid(&cap, target.id(), 499, rec_secs, lrec_args);
     target.kill().unwrap();
     target.wait().unwrap();
@@ -383,14 +389,7 @@ pub fn deep_frames_are_named_from_sites(what: &str, interpreter: &Path, flags: &
         return;
     };
     let dir = tempfile_dir(&what.replace(' ', "-"));
-    let mut target = Command::new(interpreter)
-        .args(flags)
-        .arg(lua_workload("cost.lua"))
-        .arg("200")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    let mut target = start_lua(interpreter, flags, "cost.lua", "200");
     let out = Command::new(bin("lrec"))
         .args(["-p", &target.id().to_string(), "-F", "999", "-d", "3", "-o"])
         .arg(dir.join("deep.lrec"))

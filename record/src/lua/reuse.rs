@@ -165,22 +165,17 @@ mod tests {
     #[test]
     fn another_process_or_vm_kind_shares_nothing() {
         let mut s = LastStacks::default();
-        s.keep(
-            (9, 7, false),
-            vec![raw(1)],
-            &[frame(1)],
-            vec![u64::MAX],
-            None,
-        );
-        assert!(s.take(9, 8, false).is_none());
-        s.keep(
-            (9, 7, false),
-            vec![raw(1)],
-            &[frame(1)],
-            vec![u64::MAX],
-            None,
-        );
-        assert!(s.take(9, 7, true).is_none());
+        for (pid, puc) in [(8, false), (7, true)] {
+            s.keep(
+                (9, 7, false),
+                vec![raw(1)],
+                &[frame(1)],
+                vec![u64::MAX],
+                None,
+            );
+            assert!(s.take(9, pid, puc).is_none());
+        }
+        // Taken out either way.
         assert!(s.take(9, 7, false).is_none());
     }
 }
