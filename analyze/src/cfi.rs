@@ -230,7 +230,7 @@ mod tests {
             return None;
         };
         let binary =
-            lrec_format::elf::binary_record(path, &data, lrec_format::elf::DebugInfo::None);
+            lrec_inspect::elf::binary_record(path, &data, lrec_inspect::elf::DebugInfo::None);
         Some(CfiIndex::of(&Image::from_binary(&binary)))
     }
 
@@ -258,10 +258,10 @@ mod tests {
     fn this_test_binary_is_covered_at_its_own_code() {
         let exe = std::env::current_exe().unwrap();
         let data = std::fs::read(&exe).unwrap();
-        let binary = lrec_format::elf::binary_record(
+        let binary = lrec_inspect::elf::binary_record(
             &exe.to_string_lossy(),
             &data,
-            lrec_format::elf::DebugInfo::None,
+            lrec_inspect::elf::DebugInfo::None,
         );
         let idx = CfiIndex::of(&Image::from_binary(&binary));
         assert!(idx.ranges.len() > 100, "{} ranges", idx.ranges.len());

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use lrec_format::debug_files::{build_id_hex, map_regular_file};
-use lrec_format::elf;
+use lrec_inspect::debug_files::{build_id_hex, map_regular_file};
+use lrec_inspect::elf;
 
 /// What to fetch for a build-id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

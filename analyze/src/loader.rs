@@ -1,6 +1,6 @@
 //! The only place besides the capture reader that touches files: finds local copies of
 //! recorded binaries and their separate debug files (the lookup lrec's `--debug-dir`
-//! shares, `lrec_format::debug_files`), asks debuginfod for what is still missing, and
+//! shares, `lrec_inspect::debug_files`), asks debuginfod for what is still missing, and
 //! reads their sections.
 //!
 //! A local file is used only when it is provably the recorded build: same GNU build-id, or,
@@ -8,9 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use lrec_format::debug_files::{self, map_regular_file};
-use lrec_format::elf::{self, DebugInfo};
 use lrec_format::Binary;
+use lrec_inspect::debug_files::{self, map_regular_file};
+use lrec_inspect::elf::{self, DebugInfo};
 
 use crate::debuginfod::{Artifact, Debuginfod};
 use crate::{BinaryLocator, Located, Source, Wanted};

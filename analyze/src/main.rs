@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use lanalyze::render::{self, StackOptions, StateKey};
 use lanalyze::{analyze, embed, strip, Mode, Naming, Options, Profile, TimeRange};
-use lrec_format::files::{OutputFile, OutputOptions};
 use lrec_format::{Capture, FormatError};
+use lrec_inspect::files::{OutputFile, OutputOptions};
 
 const EXAMPLES: &str = "\
 EXAMPLES:

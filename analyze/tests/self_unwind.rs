@@ -12,10 +12,10 @@ use std::collections::HashMap;
 
 use lanalyze::render::{folded_stacks, StackOptions};
 use lanalyze::{analyze, Options};
-use lrec_format::elf::{self, DebugInfo};
 use lrec_format::{
     Binary, Capture, CaptureWriter, End, Header, Mapping, Record, Regs, Sample, ThreadName,
 };
+use lrec_inspect::elf::{self, DebugInfo};
 
 const STACK_COPY: u64 = 256 * 1024;
 

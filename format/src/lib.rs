@@ -16,16 +16,10 @@
 //! Chunks decode independently, so a capture cut short by a crash or a full disk is
 //! readable up to its last complete chunk, and a corrupt chunk is skipped (the reader
 //! resynchronises on the next chunk magic). Unknown record kinds are skipped, not fatal.
-//! This crate performs no I/O beyond reading and writing the streams it is handed,
-//! creating output files safely ([`files`]) and finding separate debug files
-//! (`debug_files`, with the `elf` feature).
+//! This crate performs no I/O beyond reading and writing the streams it is handed. What
+//! lrec and lanalyze know about binaries, Lua VMs and output files is `lrec-inspect`'s.
 
 mod codec;
-#[cfg(feature = "elf")]
-pub mod debug_files;
-#[cfg(feature = "elf")]
-pub mod elf;
-pub mod files;
 pub mod heap;
 mod reader;
 pub mod v1;

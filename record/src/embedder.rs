@@ -9,8 +9,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use lrec_format::{Binary, Chunk, Record, Segment};
 
 use crate::procfs::{self, MapsEntry};
-use lrec_format::debug_files::{self, DebugFile};
-use lrec_format::elf::{self, DebugInfo};
+use lrec_inspect::debug_files::{self, DebugFile};
+use lrec_inspect::elf::{self, DebugInfo};
 
 /// A binary to embed: the mapping it was seen in, and for the vDSO its bytes.
 pub struct Job {
@@ -34,7 +34,7 @@ pub struct Embedded {
     pub path: String,
     pub segments: Vec<Segment>,
     /// LuaJIT's interpreter, if the binary holds it.
-    pub luajit: Option<elf::LuaJitVm>,
+    pub luajit: Option<lrec_inspect::lua::detect::LuaJitVm>,
     pub chunk: Result<Chunk, lrec_format::FormatError>,
 }
 
@@ -65,7 +65,7 @@ impl Embedder {
                             .unwrap_or_else(|| binary.path.as_bytes().to_vec()),
                         path: binary.path.clone(),
                         segments: binary.segments.clone(),
-                        luajit: elf::luajit_vm(&binary),
+                        luajit: lrec_inspect::lua::detect::luajit_vm(&binary),
                         // Encoding and compressing a big binary takes tens of
                         // milliseconds: here, not on the thread that drains samples;
                         // at zstd's fastest level, twice as fast as the default for

@@ -35,7 +35,7 @@ pub struct Flight {
     header: Header,
     /// `-o`: dump `n` goes to [`output::numbered`]`(base, n)`, created as `output` says.
     base: PathBuf,
-    output: lrec_format::files::OutputOptions,
+    output: lrec_inspect::files::OutputOptions,
     meta: Vec<Chunk>,
     /// Sample chunks, oldest first.
     ring: VecDeque<Chunk>,
@@ -52,7 +52,7 @@ impl Flight {
         window_secs: f64,
         header: Header,
         base: PathBuf,
-        output: lrec_format::files::OutputOptions,
+        output: lrec_inspect::files::OutputOptions,
     ) -> Flight {
         Flight {
             window_ns: (window_secs * 1e9) as u64,

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use lrec_format::elf::{self, DebugInfo};
 use lrec_format::{latency_kind, Latency, LatencyProbe};
+use lrec_inspect::elf::{self, DebugInfo};
 
 use crate::procfs::{self, MapsEntry};
 use crate::sampler::{RawMark, Role, Sampler, MAX_LATENCY_PROBES, NO_PROBE};

@@ -7,8 +7,8 @@
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
 
-use lrec_format::files::{OutputError, OutputFile, OutputOptions};
 use lrec_format::{CaptureSink, Chunk};
+use lrec_inspect::files::{OutputError, OutputFile, OutputOptions};
 
 use crate::flight::Flight;
 

@@ -30,7 +30,7 @@ mod threads;
 mod vms;
 use crate::{Args, DebugMode};
 use ending::{Kallsyms, OffCpuSummary};
-use lrec_format::elf::DebugInfo;
+use lrec_inspect::elf::DebugInfo;
 use maps::Proc;
 use threads::StatesClock;
 use vms::BinaryVm;
@@ -89,9 +89,9 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         monotonic_start_ns: procfs::monotonic_ns(),
         target_pid: pid,
     };
-    let out_opts = lrec_format::files::OutputOptions {
+    let out_opts = lrec_inspect::files::OutputOptions {
         keep_partial: true,
-        ..lrec_format::files::OutputOptions::for_invoking_user(args.force)
+        ..lrec_inspect::files::OutputOptions::for_invoking_user(args.force)
     };
     let sink = match args.flight {
         Some(secs) => {

@@ -292,7 +292,7 @@ impl Target {
             for _ in 0..2 {
                 let Some(path) = file.take() else { break };
                 let head = read_head(&path);
-                if let Some(interp) = lrec_format::elf::interpreter(&head) {
+                if let Some(interp) = lrec_inspect::elf::interpreter(&head) {
                     found.push(PathBuf::from(interp));
                 } else if let Some(script) = head.strip_prefix(b"#!") {
                     let line = script.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -303,7 +303,7 @@ impl Target {
             found.push(PathBuf::from("/lib64/ld-linux-x86-64.so.2"));
         } else {
             let exe = PathBuf::from(format!("/proc/{}/exe", self.pid));
-            if let Some(interp) = lrec_format::elf::interpreter(&read_head(&exe)) {
+            if let Some(interp) = lrec_inspect::elf::interpreter(&read_head(&exe)) {
                 found.push(root.join(interp.trim_start_matches('/')));
             }
         }

@@ -65,7 +65,7 @@ fn status(port: u16, path: &str) -> Option<u16> {
 
 fn build_id(path: &Path) -> Vec<u8> {
     let data = std::fs::read(path).unwrap();
-    lrec_format::elf::build_id(&data).expect("the fixture has a build-id")
+    lrec_inspect::elf::build_id(&data).expect("the fixture has a build-id")
 }
 
 /// `lanalyze ARGS…` with `DEBUGINFOD_URLS=urls` and its cache in `cache`.
@@ -136,7 +136,7 @@ fn stripped_binary_is_named_through_debuginfod_then_from_its_cache() {
     let (exe, serve) = stripped_native(&dir);
     // The executable too, for a capture that lacks its sections (below).
     std::fs::copy(&exe, serve.join("native-stripped")).unwrap();
-    let id = lrec_format::debug_files::build_id_hex(&build_id(&exe));
+    let id = lrec_inspect::debug_files::build_id_hex(&build_id(&exe));
     let server = Server::start(&serve, &dir.join("db.sqlite"), &id);
     let cap = dir.join("stripped.lrec");
     record_command(&cap, 499, &[exe.as_ref(), "4".as_ref()]);
@@ -323,9 +323,9 @@ fn debian_lua_and_libc_are_named_through_debuginfod() {
         ),
     ] {
         let id = build_id(&binary);
-        let debug = lrec_format::debug_files::build_id_path(Path::new("/usr/lib/debug"), &id)
+        let debug = lrec_inspect::debug_files::build_id_path(Path::new("/usr/lib/debug"), &id)
             .expect("a build-id of 2 bytes or more");
-        let id = lrec_format::debug_files::build_id_hex(&id);
+        let id = lrec_inspect::debug_files::build_id_hex(&id);
         if installed(debug.to_str().unwrap(), "the -dbg packages").is_none() {
             return;
         }

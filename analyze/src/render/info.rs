@@ -114,7 +114,7 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out, "binaries ({})", profile.binaries.len())?;
     for (i, b) in profile.binaries.iter().enumerate() {
         let id = match &b.build_id {
-            Some(id) => lrec_format::debug_files::build_id_hex(id),
+            Some(id) => lrec_inspect::debug_files::build_id_hex(id),
             None => "(no build-id)".to_owned(),
         };
         writeln!(out, "  {}", b.path)?;

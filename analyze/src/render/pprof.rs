@@ -34,7 +34,7 @@ use self::proto::Message;
 use super::TRUNCATED_FRAME;
 use crate::image::basename;
 use crate::{Frame, FrameId, FrameKind, Naming, Profile};
-use lrec_format::debug_files::build_id_hex;
+use lrec_inspect::debug_files::build_id_hex;
 
 /// Field numbers of profile.proto, by message.
 mod field {

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use lrec_format::elf;
+use lrec_inspect::elf;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -263,7 +263,7 @@ pub fn release(minor: u32, patch: u32) -> Option<Release> {
 /// Where a binary's `luaV_execute` lies (SVMA), and how it was found: its own symbols,
 /// those of its separate debug file (Debian's `-dbg` packages, by build-id), or, in a
 /// stripped binary, the dispatch table of its release's opcodes that only the interpreter
-/// loop holds ([`elf::puc_execute`]). `Err` says why it was not found.
+/// loop holds ([`lrec_inspect::lua::detect::puc_execute`]). `Err` says why it was not found.
 pub fn find_execute(
     data: &[u8],
     binary: &lrec_format::Binary,
@@ -278,7 +278,8 @@ pub fn find_execute(
             return Ok((s, e, "the debug file's symbol"));
         }
     }
-    elf::puc_execute(data, binary, minor).map(|(s, e)| (s, e, "its opcode dispatch table"))
+    lrec_inspect::lua::detect::puc_execute(data, binary, minor)
+        .map(|(s, e)| (s, e, "its opcode dispatch table"))
 }
 
 /// Proto fields only names need (read by lrec, not BPF): the constants, upvalue names and

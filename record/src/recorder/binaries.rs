@@ -4,7 +4,7 @@
 use std::io;
 
 use anyhow::Result;
-use lrec_format::elf;
+use lrec_inspect::elf;
 
 use super::Recording;
 use crate::embedder::{Embedded, Job};

@@ -1,8 +1,8 @@
 //! Finding the Lua interpreters in the binaries a process maps, and telling the Lua
 //! tracker where each one is mapped.
 
-use lrec_format::elf;
 use lrec_format::Binary;
+use lrec_inspect::elf;
 
 use super::Recording;
 use crate::lua::VmCode;
@@ -42,7 +42,7 @@ impl Recording {
             return;
         };
         let binary = elf::unwind_record(&entry.path, &data);
-        let luajit = elf::luajit_vm(&binary).map(|vm| VmCode {
+        let luajit = lrec_inspect::lua::detect::luajit_vm(&binary).map(|vm| VmCode {
             start: vm.start,
             end: vm.end,
             cframe_size: vm.cframe_size,
@@ -50,13 +50,15 @@ impl Recording {
         });
         // The strings that tell Lua is here, read in pieces rather than through the
         // mapping: a big library's pages are not all loaded into lrec.
-        let ranges = elf::string_ranges(&data);
+        let ranges = lrec_inspect::lua::detect::string_ranges(&data);
         let [ident, ident51, api] = procfs::find_strings(&file, &ranges, &LUA_STRINGS, 64)
             .try_into()
             .expect("one answer per string");
         let evidence = Evidence {
             data: &data,
-            release: ident.or(ident51).and_then(|s| elf::lua_release(&s)),
+            release: ident
+                .or(ident51)
+                .and_then(|s| lrec_inspect::lua::detect::lua_release(&s)),
             luajit_api: api.is_some(),
         };
         self.note_vm(

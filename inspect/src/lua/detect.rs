@@ -10,8 +10,8 @@ use object::elf;
 use object::read::elf::{FileHeader, Rela, SectionHeader};
 use object::{LittleEndian, Object, ObjectSection, SectionFlags};
 
-use super::{for_each_fde, for_each_fde_of, parse_x86_64, Cie};
-use crate::v1::Binary;
+use crate::elf::{for_each_fde, for_each_fde_of, parse_x86_64, Cie};
+use lrec_format::Binary;
 
 /// A LuaJIT interpreter found in a binary's `.eh_frame`: its code range (SVMA) and the
 /// size of its C frame.
@@ -445,6 +445,16 @@ impl<'a> Tables<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tells_a_lua_release_from_lua_ident() {
+        let v54 =
+            b"..\0$LuaVersion: Lua 5.4.6  Copyright (C) 1994-2023 Lua.org, PUC-Rio $$LuaAuthors";
+        assert_eq!(lua_release(v54), Some((4, 6)));
+        let v51 = b"$Lua: Lua 5.1.5 Copyright (C) 1994-2012 Lua.org, PUC-Rio $\n";
+        assert_eq!(lua_release(v51), Some((1, 5)));
+        assert_eq!(lua_release(b"no Lua here"), None);
+    }
     use crate::elf::{binary_record, function_symbol, unwind_record, DebugInfo};
 
     const LIB: &str = "/usr/lib/x86_64-linux-gnu";

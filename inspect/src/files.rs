@@ -266,7 +266,7 @@ fn is_ours(path: &Path) -> bool {
         return false;
     };
     let mut head = [0u8; 8];
-    if file.read_exact(&mut head).is_ok() && head == crate::MAGIC {
+    if file.read_exact(&mut head).is_ok() && head == lrec_format::MAGIC {
         return true;
     }
     let name = CString::new(MARK).expect("no NUL");
@@ -370,7 +370,7 @@ mod tests {
     fn a_capture_and_an_empty_file_are_ours() {
         let d = dir();
         let cap = d.path().join("old.lrec");
-        let mut bytes = crate::MAGIC.to_vec();
+        let mut bytes = lrec_format::MAGIC.to_vec();
         bytes.extend([1, 0, 0, 0]);
         std::fs::write(&cap, &bytes).unwrap();
         assert!(OutputFile::create(&cap, &OutputOptions::default()).is_ok());

@@ -5,7 +5,7 @@ use object::read::elf::{FileHeader, ProgramHeader};
 use object::{Object, ObjectSymbol, SymbolKind};
 
 use super::{for_each_fde, parse_x86_64};
-use crate::v1::Binary;
+use lrec_format::Binary;
 
 /// Every function symbol `name` in an ELF file's `.symtab` and `.dynsym`, local ones
 /// included, as (SVMA, size), one per address, in address order (static functions of

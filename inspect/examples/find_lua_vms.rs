@@ -1,8 +1,8 @@
 //! Prints the Lua interpreters lrec would find in ELF files, by the same evidence:
-//! `cargo run --release -p lrec-format --features elf --example find_lua_vms -- FILE…`
+//! `cargo run --release -p lrec-inspect --example find_lua_vms -- FILE…`
 //! (directories are walked). Files without a VM print nothing unless `-v` is given.
 
-use lrec_format::elf::{self, DebugInfo};
+use lrec_inspect::elf::{self, DebugInfo};
 
 fn visit(path: &std::path::Path, verbose: bool, seen: &mut u64) {
     if path.is_dir() {
@@ -29,7 +29,7 @@ fn visit(path: &std::path::Path, verbose: bool, seen: &mut u64) {
     }
     *seen += 1;
     let binary = elf::binary_record(&path.to_string_lossy(), &data, DebugInfo::None);
-    if let Some(vm) = elf::luajit_vm(&binary) {
+    if let Some(vm) = lrec_inspect::lua::detect::luajit_vm(&binary) {
         println!(
             "{}: LuaJIT VM {:#x}..{:#x} ({} bytes)",
             path.display(),
@@ -37,8 +37,8 @@ fn visit(path: &std::path::Path, verbose: bool, seen: &mut u64) {
             vm.end,
             vm.end - vm.start
         );
-    } else if let Some((minor, patch)) = elf::lua_release(&data) {
-        match elf::puc_execute(&data, &binary, minor) {
+    } else if let Some((minor, patch)) = lrec_inspect::lua::detect::lua_release(&data) {
+        match lrec_inspect::lua::detect::puc_execute(&data, &binary, minor) {
             Ok((s, e)) => println!(
                 "{}: Lua 5.{minor}.{patch} luaV_execute {s:#x}..{e:#x} ({} bytes)",
                 path.display(),

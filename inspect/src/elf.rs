@@ -2,12 +2,12 @@
 //! and the sections needed to unwind and symbolize without the file (see
 //! [`lrec_format::Binary`]).
 
-use crate::v1::{Binary, Section, Segment};
+use lrec_format::{Binary, Section, Segment};
 
 mod functions;
-mod lua_vm;
+
 pub use functions::*;
-pub use lua_vm::*;
+
 use object::elf;
 use object::read::elf::{ElfFile64, FileHeader, NoteIterator, ProgramHeader, SectionHeader};
 use object::{Endianness, FileKind, LittleEndian, Object, ObjectSection};
@@ -171,7 +171,7 @@ fn record_of<'d, F: Fn(&str) -> Embed>(
 }
 
 /// Parses `data` as the kind of ELF file lrec can unwind: ELF64, little-endian, x86_64.
-fn parse_x86_64(data: &[u8]) -> Result<ElfFile64<'_, LittleEndian>, String> {
+pub(crate) fn parse_x86_64(data: &[u8]) -> Result<ElfFile64<'_, LittleEndian>, String> {
     match FileKind::parse(data) {
         Ok(FileKind::Elf64) => {}
         Ok(FileKind::Elf32) => return Err("32-bit ELF files are not supported".into()),
@@ -274,11 +274,12 @@ fn debug_info_size(file: &ElfFile64<'_, LittleEndian>) -> u64 {
 
 type EhFrame<'a> = gimli::EhFrame<gimli::EndianSlice<'a, gimli::LittleEndian>>;
 
-type Cie<'a> = gimli::CommonInformationEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>;
+pub(crate) type Cie<'a> =
+    gimli::CommonInformationEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>;
 type Fde<'a> = gimli::FrameDescriptionEntry<gimli::EndianSlice<'a, gimli::LittleEndian>>;
 
 /// Calls `f` with every FDE of a binary's `.eh_frame`.
-fn for_each_fde<'a>(
+pub(crate) fn for_each_fde<'a>(
     binary: &'a Binary,
     f: impl FnMut(&Fde<'a>, &EhFrame<'a>, &gimli::BaseAddresses),
 ) {
@@ -287,7 +288,7 @@ fn for_each_fde<'a>(
 
 /// Calls `f` with every FDE of a binary's `.eh_frame` whose CIE `cie` accepts. Each CIE
 /// is parsed once, and FDEs of other CIEs are not parsed at all.
-fn for_each_fde_of<'a>(
+pub(crate) fn for_each_fde_of<'a>(
     binary: &'a Binary,
     cie: impl Fn(&Cie<'a>) -> bool,
     mut f: impl FnMut(&Fde<'a>, &EhFrame<'a>, &gimli::BaseAddresses),
@@ -342,15 +343,6 @@ pub fn function_symbol(data: &[u8], name: &str) -> Option<(u64, u64)> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn tells_a_lua_release_from_lua_ident() {
-        let v54 =
-            b"..\0$LuaVersion: Lua 5.4.6  Copyright (C) 1994-2023 Lua.org, PUC-Rio $$LuaAuthors";
-        assert_eq!(lua_release(v54), Some((4, 6)));
-        let v51 = b"$Lua: Lua 5.1.5 Copyright (C) 1994-2012 Lua.org, PUC-Rio $\n";
-        assert_eq!(lua_release(v51), Some((1, 5)));
-        assert_eq!(lua_release(b"no Lua here"), None);
-    }
     use std::process::Command;
 
     /// The build ID that `readelf -n` prints for `path`, as bytes.

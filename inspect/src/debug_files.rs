@@ -44,7 +44,7 @@ pub fn parse_debuglink(data: &[u8]) -> Option<(String, u32)> {
 }
 
 /// The `.gnu_debuglink` of a binary record, if it has a valid one.
-pub fn debuglink(binary: &crate::Binary) -> Option<(String, u32)> {
+pub fn debuglink(binary: &lrec_format::Binary) -> Option<(String, u32)> {
     parse_debuglink(&binary.section(".gnu_debuglink")?.data)
 }
 
