@@ -12,6 +12,7 @@
 //! The capture format itself (`lrec-format`) stays a leaf that knows none of this.
 
 pub mod debug_files;
+pub mod dwarf;
 pub mod elf;
 pub mod files;
 pub mod lua;

@@ -1,0 +1,1 @@
+//! Struct layouts from DWARF (being written).
