@@ -234,32 +234,33 @@ static __always_inline int lj_read_fn(struct lua_work *w, __u64 func)
 	return 0;
 }
 
-/* The key of proto pt (its fields from sizebc to numline, read into w->pt unless this
- * sample read them already, and its chunk name's identity). */
+/* The key of proto pt (its size, chunk name and lines, read at once into w->pt unless
+ * this sample read them already, and its chunk name's identity). */
 static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua_proto_key *k)
 {
 	struct lrec_lua_config *c = &w->cfg;
 	if (w->pt_addr != pt) {
 		w->pt_addr = 0;
-		/* One read from sizebc to numline: the fields that tell protos apart. */
-		__u32 span = c->pt_firstline + 8 - c->pt_sizebc;
-		if (bpf_probe_read_user(w->pt, span & 0x7f, (void *)(pt + c->pt_sizebc)))
+		/* One read of the span lrec computed, which holds the four fields. */
+		if (bpf_probe_read_user(w->pt, c->pt_span & 0x7f, (void *)(pt + c->pt_lo)))
 			return -1;
 		w->pt_addr = pt;
 	}
-	__u32 o_name = (c->pt_chunkname - c->pt_sizebc) & 0x7f;
-	__u32 o_line = (c->pt_firstline - c->pt_sizebc) & 0x7f;
+	__u32 o_name = (c->pt_chunkname - c->pt_lo) & 0x7f;
+	__u32 o_line = (c->pt_firstline - c->pt_lo) & 0x7f;
+	__u32 o_num = (c->pt_numline - c->pt_lo) & 0x7f;
+	__u32 o_size = (c->pt_sizebc - c->pt_lo) & 0x7f;
 	k->tgid = w->tgid;
 	k->ptr = pt;
 	k->chunkname = buf_ref(w, w->pt, o_name);
 	k->firstline = *(__s32 *)&w->pt[o_line];
-	k->numline = *(__u32 *)&w->pt[(o_line + 4) & 0x7f];
-	k->sizebc = *(__u32 *)&w->pt[0];
+	k->numline = *(__u32 *)&w->pt[o_num];
+	k->sizebc = *(__u32 *)&w->pt[o_size];
 	k->pad = 0;
-	/* GCstr: the string's id (2.1's sid) and hash precede its length; the frames of one
-	 * chunk share it (read once per sample). */
+	/* GCstr: its id (2.1's sid, or its hash in older builds) and the word after it
+	 * (cfg.str_id) identify it; the frames of one chunk share it (read once per sample). */
 	if (k->chunkname != w->last_name) {
-		__u64 id = rd64(k->chunkname + c->str_len - 8);
+		__u64 id = rd64(k->chunkname + c->str_id);
 		w->last_name = k->chunkname;
 		w->last_name_id = (__u32)id ^ (__u32)(id >> 32);
 	}

@@ -45,8 +45,8 @@ static long lua_cb_step(__u64 i, void *unused)
  * returned and not left yet. Leaves the walk's position as it was. */
 static __always_inline int lua_callback_pending(struct lua_work *w, __u64 cf)
 {
-	/* G->ctype_state, right after jit_base: the FFI is loaded. */
-	__u64 cts = lj_gref(w, w->g, w->cfg.g_jit_base + lj_refsize(w));
+	/* G->ctype_state: the FFI is loaded. */
+	__u64 cts = lj_gref(w, w->g, w->cfg.g_ctype_state);
 	if (!cts || !w->cfg.cts_stack)
 		return 0;
 	__u64 stack[2] = {};

@@ -132,7 +132,7 @@ struct lrec_lua_config {
 	__u32 pt_size;    /* sizeof(GCproto); bytecode follows it */
 	__u32 pt_sizebc;
 	__u32 pt_chunkname;
-	__u32 pt_firstline; /* numline follows it */
+	__u32 pt_firstline;
 	__u32 pt_lineinfo;
 	__u32 str_len;    /* GCstr */
 	__u32 str_data;
@@ -148,6 +148,12 @@ struct lrec_lua_config {
 	/* CTState to two words, one of them CCallback.stack (lj_ctype.h): where an FFI
 	 * callback's C frame is marked (its CTState differs by fork and release) */
 	__u32 cts_stack;
+	__u32 g_ctype_state; /* global_State: the FFI's CTState (0 until the FFI is loaded) */
+	__u32 str_id;     /* GCstr: 8 bytes that identify a string (its id or hash, and more) */
+	__u32 pt_numline; /* GCproto */
+	__u32 pt_lo;      /* filled by lrec: the lowest of pt_sizebc, pt_chunkname, pt_firstline, */
+	__u32 pt_span;    /* pt_numline, and the bytes from there that hold all four (< 128) */
+	__u32 pad;
 	/* Filled by lrec from the offsets above: bytes of lua_State read at once (its fields
 	 * the walk reads), and the span of global_State's (vmstate, cur_L, jit_base,
 	 * ctype_state) read at once; 0: each field read alone. */

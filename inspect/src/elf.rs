@@ -4,8 +4,10 @@
 
 use lrec_format::{Binary, Section, Segment};
 
+mod code;
 mod functions;
 
+pub use code::Code;
 pub use functions::*;
 
 use object::elf;

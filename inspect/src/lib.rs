@@ -16,3 +16,4 @@ pub mod dwarf;
 pub mod elf;
 pub mod files;
 pub mod lua;
+pub mod x86;

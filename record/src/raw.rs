@@ -1,6 +1,8 @@
 //! Rust mirror of ebpf/sample.h, the one ABI shared with the BPF program.
 
 use lrec_format::{sample_flags, Regs, Sample, ThreadOffCpuTotals, ThreadState};
+use lrec_inspect::lua::named::ABSENT;
+use lrec_inspect::lua::{luajit, puc};
 
 pub const MAX_STACK: u32 = 64 * 1024;
 pub const MAX_KSTACK: usize = 127;
@@ -197,19 +199,94 @@ pub struct RawLuaConfig {
     pub tr_mcode: u16,
     pub tr_traceno: u16,
     pub cts_stack: u32,
-    /// Derived from the offsets above ([`RawLuaConfig::with_read_spans`]): the bytes of a
-    /// lua_State read at once, and where and how many bytes of global_State.
+    pub g_ctype_state: u32,
+    pub str_id: u32,
+    pub pt_numline: u32,
+    /// Derived from the offsets above ([`RawLuaConfig::new`]): the proto fields' span, the
+    /// bytes of a lua_State read at once, and where and how many bytes of global_State.
+    pub pt_lo: u32,
+    pub pt_span: u32,
+    pub pad: u32,
     pub lh_size: u32,
     pub gh_lo: u32,
     pub gh_size: u32,
 }
 
 impl RawLuaConfig {
-    /// Fills the read spans the BPF walk reads each state's fields with, once: the
-    /// lua_State fields it reads up to the last one (at most 128 bytes), and global_State's
-    /// vmstate, cur_L, jit_base and the ctype_state after it (at most 256); 0 where the
-    /// fields lie farther apart (each is then read alone).
-    pub fn with_read_spans(mut self) -> Self {
+    /// The walker's configuration for a LuaJIT layout and the interpreter's mapped ranges
+    /// (`code`: start, end), with the trace array at `j_trace` from G (0: not known).
+    pub fn new(o: &luajit::Offsets, code: &[(u64, u64)], j_trace: u32) -> RawLuaConfig {
+        let mut c = RawLuaConfig {
+            gc64: o.gc64,
+            g2disp: o.g2disp,
+            g_vmstate: o.g_vmstate,
+            g_cur_l: o.g_cur_l,
+            g_jit_base: o.g_jit_base,
+            l_glref: o.l_glref,
+            l_base: o.l_base,
+            l_stack: o.l_stack,
+            l_cframe: o.l_cframe,
+            l_maxstack: o.l_maxstack,
+            cf_size: o.cf_size,
+            cf_l: o.cf_l,
+            cf_pc: o.cf_pc,
+            cf_prev: o.cf_prev,
+            cf_nres: o.cf_nres,
+            fn_ffid: o.fn_ffid,
+            fn_pc: o.fn_pc,
+            fn_f: o.fn_f,
+            pt_size: o.pt_size,
+            pt_sizebc: o.pt_sizebc,
+            pt_chunkname: o.pt_chunkname,
+            pt_firstline: o.pt_firstline,
+            pt_lineinfo: o.pt_lineinfo,
+            str_len: o.str_len,
+            str_data: o.str_data,
+            j_trace,
+            tr_nsnap: o.tr_nsnap as u16,
+            tr_ir: o.tr_ir as u16,
+            tr_snap: o.tr_snap as u16,
+            tr_snapmap: o.tr_snapmap as u16,
+            tr_nsnapmap: o.tr_nsnapmap as u16,
+            tr_szmcode: o.tr_szmcode as u16,
+            tr_mcode: o.tr_mcode as u16,
+            tr_traceno: o.tr_traceno as u16,
+            // Unknown (a build without the FFI's callbacks known): never an FFI callback.
+            cts_stack: if o.cts_cb_stack == ABSENT {
+                0
+            } else {
+                o.cts_cb_stack
+            },
+            g_ctype_state: if o.g_ctype_state == ABSENT {
+                0
+            } else {
+                o.g_ctype_state
+            },
+            str_id: o.str_hash,
+            pt_numline: o.pt_numline,
+            ..RawLuaConfig::default()
+        };
+        for (i, &(start, end)) in code.iter().take(MAX_LUA_RANGES).enumerate() {
+            c.vm_start[i] = start;
+            c.vm_end[i] = end;
+        }
+        c.read_spans()
+    }
+
+    /// Fills the read spans the BPF walk reads fields with, once: the proto's key fields
+    /// (at most 128 bytes, else the layout is refused), the lua_State fields it reads up to
+    /// the last one (at most 128 bytes), and global_State's vmstate, cur_L, jit_base and
+    /// ctype_state (at most 256); 0 where the fields lie farther apart (each is then read
+    /// alone).
+    fn read_spans(mut self) -> Self {
+        let pt = [
+            self.pt_sizebc,
+            self.pt_chunkname,
+            self.pt_firstline,
+            self.pt_numline,
+        ];
+        self.pt_lo = pt.into_iter().min().unwrap_or(0);
+        self.pt_span = pt.into_iter().max().unwrap_or(0) + 8 - self.pt_lo;
         let l_last = [
             self.l_glref,
             self.l_base,
@@ -221,12 +298,21 @@ impl RawLuaConfig {
         .max()
         .unwrap_or(0);
         self.lh_size = if l_last <= 120 { l_last + 8 } else { 0 };
-        let g = [self.g_vmstate, self.g_cur_l, self.g_jit_base];
-        let lo = g.into_iter().min().unwrap_or(0);
-        let hi = g.into_iter().max().unwrap_or(0) + 16;
+        let mut g = vec![self.g_vmstate, self.g_cur_l, self.g_jit_base];
+        if self.g_ctype_state != 0 {
+            g.push(self.g_ctype_state);
+        }
+        let lo = g.iter().copied().min().unwrap_or(0);
+        let hi = g.iter().copied().max().unwrap_or(0) + 16;
         self.gh_lo = lo;
         self.gh_size = if hi - lo <= 256 { hi - lo } else { 0 };
         self
+    }
+
+    /// Whether BPF can read this layout's proto fields at once (their span is at most
+    /// 128 bytes).
+    pub fn readable(&self) -> bool {
+        self.pt_span <= 120
     }
 }
 
@@ -287,6 +373,74 @@ pub struct RawPucConfig {
     pub p_size: u32,
     pub ci_tailcalls: u32,
     pub pad: u32,
+}
+
+impl RawPucConfig {
+    /// The walker's configuration for a PUC Lua layout.
+    pub fn new(l: &puc::Layout) -> RawPucConfig {
+        let (r, o) = (&l.rules, &l.offsets);
+        // An absent field the walker does not read in this release (5.1's CallInfo links).
+        let or0 = |v: u32| if v == ABSENT { 0 } else { v };
+        RawPucConfig {
+            version: r.version,
+            fresh_rule: match r.fresh {
+                puc::FreshRule::Fresh => puc_rule::FRESH,
+                puc::FreshRule::Reentry => puc_rule::REENTRY,
+                puc::FreshRule::All => puc_rule::ALL,
+                puc::FreshRule::Opcode => puc_rule::OPCODE,
+            },
+            cist_fresh: r.cist_fresh,
+            cist_tail: r.cist_tail,
+            callstatus_size: if o.ci_callstatus_size == ABSENT {
+                1
+            } else {
+                o.ci_callstatus_size
+            },
+            l_g: o.l_g,
+            l_ci: o.l_ci,
+            l_status: o.l_status,
+            l_base_ci: o.l_base_ci,
+            l_savedpc: or0(o.l_savedpc),
+            l_errorjmp: o.l_errorjmp,
+            g_mainthread: o.g_mainthread,
+            ci_func: o.ci_func,
+            ci_previous: or0(o.ci_previous),
+            ci_savedpc: o.ci_savedpc,
+            ci_callstatus: or0(o.ci_callstatus),
+            ci_size: o.ci_size,
+            tag_lcl: r.tag_lcl,
+            tag_ccl: r.tag_ccl,
+            tag_lcf: r.tag_lcf,
+            tag_thread: r.tag_thread,
+            cl_isc: or0(o.cl_isc),
+            cl_p: o.lcl_p,
+            ccl_f: o.ccl_f,
+            ccl_upvalue: o.ccl_upvalue,
+            p_source: o.p_source,
+            p_linedefined: o.p_linedefined,
+            p_lastlinedefined: o.p_lastlinedefined,
+            p_code: o.p_code,
+            p_sizecode: o.p_sizecode,
+            p_lineinfo: o.p_lineinfo,
+            p_sizelineinfo: o.p_sizelineinfo,
+            p_abslineinfo: or0(o.p_abslineinfo),
+            p_sizeabslineinfo: or0(o.p_sizeabslineinfo),
+            strings: match r.strings {
+                puc::Strings::Len => puc_strings::LEN,
+                puc::Strings::ShortLong => puc_strings::SHORT_LONG,
+                puc::Strings::V55 => puc_strings::V55,
+            },
+            str_len: o.s_len,
+            str_shrlen: or0(o.s_shrlen),
+            str_data: o.s_data,
+            op_call: r.op_call,
+            op_tailcall: r.op_tailcall,
+            l_size: o.l_size,
+            p_size: o.p_size,
+            ci_tailcalls: or0(o.ci_tailcalls),
+            pad: 0,
+        }
+    }
 }
 
 /// `lrec_puc_config.fresh_rule`.
@@ -469,7 +623,7 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, pos), 36);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 40);
         assert_eq!(offset_of!(RawLuaFrame, check), 42);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 30 * 4 + 8 * 2);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 36 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
         assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);

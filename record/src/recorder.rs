@@ -161,13 +161,15 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             let ms = took.as_millis();
             match rec.lua.layouts_pending() {
                 false => eprintln!(
-                    "lrec: LuaJIT's layout told in {ms} ms from {samples} samples, which carry \
-                     no Lua frames and are not kept; recording from now"
+                    "lrec: LuaJIT's layout (learned from its binary) proved in {ms} ms on \
+                     {samples} samples, which carry no Lua frames and are not kept; recording \
+                     from now"
                 ),
                 true => eprintln!(
-                    "lrec: LuaJIT's layout not told in {ms} ms ({samples} samples, not kept; \
-                     an idle VM tells nothing); recording from now: its samples carry no Lua \
-                     frames until it is told"
+                    "lrec: LuaJIT's layout (learned from its binary) not proved in {ms} ms \
+                     ({samples} samples, not kept; {}); recording from now: its samples carry \
+                     no Lua frames until it is",
+                    rec.lua.pending_why()
                 ),
             }
         }

@@ -1,21 +1,29 @@
-//! Telling a LuaJIT VM's layout from samples (each candidate of [`LAYOUTS`] validated
-//! against the live process, [`luajit::validates`]), giving up on it when none does within
-//! lrec's budget, and finding the VM's trace array once the layout is known.
+//! Proving a LuaJIT VM's layout on the live process before it is used: the layout was
+//! learned from the binary (`lrec_inspect::lua::luajit::learn`), and samples in the VM
+//! must confirm it ([`luajit::validates`]: G from DISPATCH leads to the current state and
+//! back; [`luajit::proto_proof`]: the running function's prototype holds its PC and a
+//! valid chunk name) before BPF walks with it. Also finds the VM's trace array when the
+//! binary did not say where it is.
 
 use lrec_format::{Record, Sample};
 
-use super::luajit::{self, Layout, LAYOUTS, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
+use super::luajit::{self, TRIES_BEFORE_GIVING_UP, VOTES_NEEDED};
 use super::{luajit_runtime, Detection, LuaVms};
 use crate::raw::LuaWalk;
+use lrec_inspect::lua::luajit::Offsets;
 
-/// lrec's time per process for telling a LuaJIT layout: past it, native stacks only.
+/// lrec's time per process for proving a LuaJIT layout: past it, native stacks only.
 const VOTING_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Samples whose running prototype must read as one before a layout is used, and how
+/// many times more they must be than those that do not.
+const PROTOS_NEEDED: u32 = 2;
 
 impl LuaVms {
     /// Looks for a LuaJIT VM's trace array, from a sample in a trace while it is
-    /// [searching](TraceArray::searching): until it is found, samples in traces keep their
-    /// trace's base frame.
-    pub(super) fn find_traces(&mut self, pid: u32, layout: &Layout, walk: &LuaWalk) {
+    /// [searching](super::TraceArray::searching): until it is found, samples in traces
+    /// keep their trace's base frame.
+    pub(super) fn find_traces(&mut self, pid: u32, layout: &Offsets, walk: &LuaWalk) {
         let Some(p) = self.luajit.get_mut(&pid) else {
             return;
         };
@@ -39,43 +47,45 @@ impl LuaVms {
         }
     }
 
+    /// Weighs a sample of process `sample.pid` for or against its pending layout.
     pub(super) fn vote(&mut self, sample: &Sample) {
         let Some(p) = self.luajit.get_mut(&sample.pid) else {
             return;
         };
         let ip = sample.regs.ip;
         let in_vm = p.code.iter().any(|c| ip >= c.start && ip < c.end);
-        let Detection::Pending { votes, tries } = &mut p.detection else {
+        let Detection::Pending {
+            layout,
+            votes,
+            protos,
+            tries,
+        } = &mut p.detection
+        else {
             return;
         };
         let Some(mem) = &p.mem else {
             return;
         };
-        // Only samples in the interpreter count against a layout: a VM that never runs
-        // during the recording is not an unknown one.
-        *tries += u32::from(in_vm);
+        let o = &layout.layout.offsets;
+        // Samples in the interpreter, and those that prove G (JIT-compiled code keeps
+        // DISPATCH in r14 too, in GC64 builds), count against the budget of samples: a VM
+        // that never runs while recording is not an unknown one.
         let begun = std::time::Instant::now();
-        // DISPATCH in r14 (the interpreter, GC64 traces) tells a layout at the cost of a
-        // few reads; the stack's C frames (GC32 traces, C code) are searched only when no
-        // layout validates that way.
-        let by_register: Vec<bool> = LAYOUTS
-            .iter()
-            .map(|l| luajit::validates(mem, l, sample.regs.r14, &p.code))
-            .collect();
-        let any = by_register.contains(&true);
-        for (i, layout) in LAYOUTS.iter().enumerate() {
-            if by_register[i] || (!any && luajit::on_stack(mem, layout, sample, &p.code)) {
-                votes[i] += 1;
+        let g = luajit::vm_of(mem, o, sample, &p.code);
+        *tries += u32::from(in_vm || g.is_some());
+        if let Some(g) = g {
+            *votes += 1;
+            match luajit::proto_proof(mem, o, g, sample, &p.code) {
+                Some(true) => protos.0 += 1,
+                Some(false) => protos.1 += 1,
+                None => {}
             }
         }
         p.voting += begun.elapsed();
-        let best = (0..votes.len()).max_by_key(|&i| votes[i]).unwrap_or(0);
-        let total: u32 = votes.iter().sum();
-        // Unanimous, or (should a stray value ever validate another layout) a 95 % majority.
-        let decided = (votes[best] >= VOTES_NEEDED && votes[best] == total)
-            || (votes[best] >= 20 * VOTES_NEEDED && votes[best] * 20 >= total * 19);
-        if decided {
+        let (votes, (yes, no), tries) = (*votes, *protos, *tries);
+        if votes >= VOTES_NEEDED && yes >= PROTOS_NEEDED && yes >= 4 * no {
             let path = p.path.clone();
+            let layout = layout.clone();
             let same_binary: Vec<u32> = self
                 .luajit
                 .iter()
@@ -83,27 +93,31 @@ impl LuaVms {
                 .map(|(&pid, _)| pid)
                 .collect();
             for pid in same_binary {
-                self.ready(pid, best);
+                self.ready(pid, layout.layout.clone());
             }
-        } else if *tries >= TRIES_BEFORE_GIVING_UP || p.voting >= VOTING_BUDGET {
-            let why = match *tries >= TRIES_BEFORE_GIVING_UP {
-                true => format!(
-                    "its memory layout matches none of the known ones ({})",
-                    LAYOUTS
-                        .iter()
-                        .map(|l| l.name)
-                        .collect::<Vec<_>>()
-                        .join(", ")
+        } else if tries >= TRIES_BEFORE_GIVING_UP || p.voting >= VOTING_BUDGET {
+            let what = match (votes, yes, no) {
+                (0, ..) => "no sample found its global state where the layout puts it".into(),
+                (_, 0, 0) => format!(
+                    "{votes} samples found its global state, but none ran an interpreted Lua \
+                     function whose prototype lrec could read to prove the rest (a VM that \
+                     runs compiled code only)"
                 ),
-                false => format!(
-                    "no layout was told within lrec's budget ({} ms of reading its memory)",
-                    VOTING_BUDGET.as_millis()
+                _ => format!(
+                    "{votes} samples found its global state, but its prototypes did not read \
+                     as the layout says ({yes} did, {no} did not)"
                 ),
             };
+            let why = format!(
+                "the layout learned from it ({}) could not be proved on the running VM: \
+                 {what}",
+                layout.summary()
+            );
             self.fail(sample.pid, why);
         }
     }
-    /// Gives up telling process `pid`'s LuaJIT layout (`why`), saying so once.
+
+    /// Gives up reading process `pid`'s LuaJIT VM (`why`), saying so once.
     pub(super) fn fail(&mut self, pid: u32, why: String) {
         let Some(p) = self.luajit.get_mut(&pid) else {
             return;

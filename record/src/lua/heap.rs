@@ -7,20 +7,19 @@
 //! code: no other memory does. G lies `g2disp` bytes before it, and the main thread right
 //! before G, pointing back to it: a layout is taken only where both hold.
 
-use crate::lua::luajit::{Layout, LAYOUTS};
+use lrec_inspect::lua::luajit::Offsets;
+use lrec_inspect::lua::puc;
+
 use crate::lua::VmCode;
 
 /// Consecutive words into the interpreter that make a dispatch table (it has ~200).
 const MIN_DISPATCH: usize = 64;
 
-/// One VM found: its G and the layout it validated with.
+/// One VM found: its G, and sizeof(lua_State) measured there.
 pub struct HeapVm {
     pub g: u64,
-    pub layout: &'static Layout,
     /// sizeof(lua_State): the main thread lies right before G (forks add fields to it).
     pub lua_state_size: u32,
-    /// From G to the dispatch table.
-    pub g2disp: u32,
 }
 
 /// The memory of a snapshot: (start, bytes) regions in address order.
@@ -40,8 +39,9 @@ impl Regions<'_> {
     }
 }
 
-/// The LuaJIT VMs in `mem` whose interpreter is `code` (its ranges as mapped).
-pub fn find_luajit(mem: &Regions, code: &[VmCode]) -> Vec<HeapVm> {
+/// The LuaJIT VMs of layout `l` in `mem` whose interpreter is `code` (its ranges as
+/// mapped).
+pub fn find_luajit(mem: &Regions, code: &[VmCode], l: &Offsets) -> Vec<HeapVm> {
     let in_vm = |w: u64| code.iter().any(|c| w >= c.start && w < c.end);
     let mut found: Vec<HeapVm> = Vec::new();
     for (start, data) in mem.0 {
@@ -53,7 +53,7 @@ pub fn find_luajit(mem: &Regions, code: &[VmCode]) -> Vec<HeapVm> {
             }
             if run >= MIN_DISPATCH {
                 let table = start + 8 * (i - run) as u64;
-                if let Some(vm) = validate(mem, table) {
+                if let Some(vm) = validate(mem, l, table) {
                     if !found.iter().any(|f| f.g == vm.g) {
                         found.push(vm);
                     }
@@ -65,77 +65,31 @@ pub fn find_luajit(mem: &Regions, code: &[VmCode]) -> Vec<HeapVm> {
     found
 }
 
-/// The VM whose dispatch table begins at `table`, under the first layout that validates:
-/// at the layout's distance from G to the table, else at any distance (a build without
-/// the JIT compiler has no jit_State between them).
-fn validate(mem: &Regions, table: u64) -> Option<HeapVm> {
-    let at = |l: &'static Layout, g2disp: u64| {
-        let g = table.checked_sub(g2disp)?;
-        let main = read_ref(mem, l, g + mainthref(l) as u64)?;
-        let glref = read_ref(mem, l, main + l.abi.l_glref as u64)?;
-        let size = g.checked_sub(main)?;
-        (glref == g && size >= min_lua_state_size(l) && size <= 256).then_some(HeapVm {
-            g,
-            layout: l,
-            lua_state_size: size as u32,
-            g2disp: g2disp as u32,
-        })
-    };
-    LAYOUTS
-        .iter()
-        .find_map(|l| at(l, l.abi.g2disp as u64))
-        .or_else(|| {
-            LAYOUTS
-                .iter()
-                .find_map(|l| (256..=8192).step_by(8).find_map(|d| at(l, d)))
-        })
+/// The VM whose dispatch table begins at `table`, if the layout validates there: G lies
+/// `g2disp` before it, and the main thread (right before G) points back to G.
+fn validate(mem: &Regions, l: &Offsets, table: u64) -> Option<HeapVm> {
+    let g = table.checked_sub(u64::from(l.g2disp))?;
+    let main = read_ref(mem, l, g + u64::from(l.g_mainthref))?;
+    let glref = read_ref(mem, l, main + u64::from(l.l_glref))?;
+    let size = g.checked_sub(main)?;
+    (glref == g && size > u64::from(l.l_cframe) && size <= 256).then_some(HeapVm {
+        g,
+        lua_state_size: size as u32,
+    })
 }
 
-fn read_ref(mem: &Regions, l: &Layout, addr: u64) -> Option<u64> {
-    match l.gc64() {
+fn read_ref(mem: &Regions, l: &Offsets, addr: u64) -> Option<u64> {
+    match l.is_gc64() {
         true => mem.u64_at(addr),
         false => mem.u32_at(addr).map(u64::from),
     }
 }
 
-/// `global_State.mainthref`: the GCRef after the 32-bit vmstate.
-fn mainthref(l: &Layout) -> u32 {
-    l.abi.g_vmstate + l.ref_size() as u32
-}
-
-/// sizeof(lua_State) at least: `stacksize` follows `cframe`, then padding to 8 bytes
-/// (OpenResty's fork adds two pointers after it).
-fn min_lua_state_size(l: &Layout) -> u64 {
-    l.abi.l_cframe as u64 + 16
-}
-
-/// Where a PUC Lua release keeps its main thread: global_State.mainthread points to it
-/// (5.1–5.4), or global_State holds it at an offset (5.5's `mainth`, after
-/// LUA_EXTRASPACE).
-enum MainThread {
-    Pointer(u64),
-    Inside(u64),
-}
-
-/// PUC Lua: where lua_State.l_G and the main thread lie, by minor release (x86_64,
-/// default luaconf.h).
-fn puc_offsets(minor: u32) -> Option<(u64, MainThread)> {
-    use MainThread::*;
-    Some(match minor {
-        1 => (32, Pointer(176)),
-        2 => (24, Pointer(264)),
-        3 => (24, Pointer(200)),
-        4 => (24, Pointer(264)),
-        5 => (24, Inside(1408 + 8)),
-        _ => return None,
-    })
-}
-
-/// The PUC Lua VMs (their global_State) in `mem`, of release 5.`minor`: each main thread
-/// (an object of the thread type) whose l_G's main thread is itself. None when the
-/// release cannot be read.
-pub fn find_puc(mem: &Regions, minor: u32) -> Option<Vec<u64>> {
-    let (l_g, main) = puc_offsets(minor)?;
+/// The PUC Lua VMs (their global_State) of layout `l` in `mem`: each main thread (an
+/// object of the thread type) whose l_G's main thread is itself.
+pub fn find_puc(mem: &Regions, l: &puc::Layout) -> Vec<u64> {
+    let o = &l.offsets;
+    let inside = l.rules.version >= 505;
     let mut found = Vec::new();
     for (start, data) in mem.0 {
         // 8-byte steps: from 5.3 on a state follows LUA_EXTRASPACE in its block.
@@ -144,51 +98,26 @@ pub fn find_puc(mem: &Regions, minor: u32) -> Option<Vec<u64>> {
             if data.get(8 * i + 8) != Some(&8) {
                 continue;
             }
-            let l = start + 8 * i as u64;
-            let Some(g) = mem.u64_at(l + l_g).filter(|&g| g != 0) else {
+            let at = start + 8 * i as u64;
+            let Some(g) = mem.u64_at(at + u64::from(o.l_g)).filter(|&g| g != 0) else {
                 continue;
             };
-            let is_main = match main {
-                MainThread::Pointer(off) => mem.u64_at(g + off) == Some(l),
-                MainThread::Inside(off) => g.checked_add(off) == Some(l),
+            let is_main = match inside {
+                true => g.checked_add(u64::from(o.g_mainthread)) == Some(at),
+                false => mem.u64_at(g + u64::from(o.g_mainthread)) == Some(at),
             };
             if is_main && !found.contains(&g) {
                 found.push(g);
             }
         }
     }
-    Some(found)
+    found
 }
 
-/// The offsets lanalyze's heap walker reads (analyze/src/heap/luajit.rs), by name.
-pub fn offsets(vm: &HeapVm) -> Vec<(String, u32)> {
-    let (l, a) = (vm.layout, &vm.layout.abi);
-    [
-        ("L.size", vm.lua_state_size),
-        ("gc64", a.gc64),
-        ("g2disp", vm.g2disp),
-        ("g.vmstate", a.g_vmstate),
-        ("g.mainthref", mainthref(l)),
-        ("g.cur_L", a.g_cur_l),
-        ("g.jit_base", a.g_jit_base),
-        ("L.glref", a.l_glref),
-        ("L.base", a.l_base),
-        ("L.stack", a.l_stack),
-        ("L.maxstack", a.l_maxstack),
-        ("L.cframe", a.l_cframe),
-        ("fn.ffid", a.fn_ffid),
-        ("fn.pc", a.fn_pc),
-        ("pt.size", a.pt_size),
-        ("pt.sizebc", a.pt_sizebc),
-        ("pt.k", l.pt_k),
-        ("pt.sizept", l.pt_sizept),
-        ("pt.chunkname", a.pt_chunkname),
-        ("pt.firstline", a.pt_firstline),
-        ("pt.uvinfo", l.pt_uvinfo),
-        ("str.len", a.str_len),
-        ("str.data", a.str_data),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+/// The offsets lanalyze's heap walker reads (analyze/src/heap/luajit.rs), by name, with
+/// sizeof(lua_State) as measured in the snapshot.
+pub fn offsets(l: &Offsets, vm: &HeapVm) -> Vec<(String, u32)> {
+    let mut o = *l;
+    o.l_size = vm.lua_state_size;
+    o.named()
 }

@@ -20,11 +20,15 @@ use lrec_format::{
 };
 use rustc_hash::FxHashMap;
 
+use lrec_inspect::lua::named::ABSENT;
+
 use crate::raw::{
     LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, FRAME_CHECK_PROTO,
     MAX_LUA_RANGES,
 };
-use luajit::{Layout, LAYOUTS};
+use lrec_inspect::lua::luajit::learn::Learned;
+use lrec_inspect::lua::luajit::Layout;
+use lrec_inspect::lua::puc::Layout as PucLayout;
 
 /// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
 /// PUC Lua's luaV_execute.
@@ -41,20 +45,24 @@ pub struct VmCode {
 }
 
 enum Detection {
-    /// Votes per layout index.
+    /// LuaJIT: the layout learned from the binary, being proved on samples: those that
+    /// found its global state, those whose running prototype read as one (and not), and
+    /// the samples that could have.
     Pending {
-        votes: Vec<u32>,
+        layout: Box<Learned>,
+        votes: u32,
+        protos: (u32, u32),
         tries: u32,
     },
-    /// LuaJIT: the layout (an index in [`LAYOUTS`]), and its VM's trace array.
-    Ready(usize, TraceArray),
+    /// LuaJIT: the layout proved, and its VM's trace array.
+    Ready(Box<Layout>, TraceArray),
     Failed,
     /// PUC Lua, whose layout follows from its release.
-    Puc(puc::Release),
+    Puc(Box<PucLayout>),
 }
 
-/// Where a LuaJIT VM's trace array lies from G, once found ([`luajit::find_trace_array`]),
-/// and the samples in traces that looked for it.
+/// Where a LuaJIT VM's trace array lies from G, once known (from the binary, or found by
+/// [`luajit::find_trace_array`]), and the samples in traces that looked for it.
 #[derive(Default)]
 struct TraceArray {
     offset: Option<u32>,
@@ -151,23 +159,55 @@ pub struct LuaVms {
     new_luajit: usize,
     /// Processes told that a binary they map holds a Lua VM lrec cannot locate.
     unlocated: std::collections::HashSet<(u32, String)>,
+    /// The LuaJIT layout learned from each binary holding a VM (by path), or why none was.
+    learned: FxHashMap<String, Result<Learned, String>>,
 }
 
 impl LuaVms {
+    /// Notes the LuaJIT layout learned from binary `path` (or why none was), before the
+    /// processes mapping it are told of ([`Self::add_vm`]).
+    pub fn learned(&mut self, path: &str, learned: Result<Learned, String>) {
+        self.learned.insert(path.to_string(), learned);
+    }
+
     /// Notes an interpreter mapped in `pid` (from `path`).
     pub fn add_vm(&mut self, pid: u32, path: &str, code: VmCode) {
         if let Some((minor, patch)) = code.release {
             return self.add_puc(pid, path, code, minor, patch);
         }
+        let new = !self.luajit.contains_key(&pid);
+        let learned = self.learned.get(path).cloned();
         let p = self.luajit.entry(pid).or_insert_with(|| {
-            let votes = vec![0; LAYOUTS.len()];
-            ProcessVm::new(
-                pid,
-                path,
-                Vec::new(),
-                Detection::Pending { votes, tries: 0 },
-            )
+            let readable = |l: &Learned| RawLuaConfig::new(&l.layout.offsets, &[], 0).readable();
+            let detection = match &learned {
+                Some(Ok(l)) if l.missing.is_empty() && readable(l) => Detection::Pending {
+                    layout: Box::new(l.clone()),
+                    votes: 0,
+                    protos: (0, 0),
+                    tries: 0,
+                },
+                _ => Detection::Failed,
+            };
+            ProcessVm::new(pid, path, Vec::new(), detection)
         });
+        if new && matches!(p.detection, Detection::Failed) {
+            let why = match learned {
+                Some(Ok(l)) if l.missing.is_empty() => format!(
+                    "its prototypes' fields lie too far apart for lrec's walker ({})",
+                    l.summary()
+                ),
+                Some(Ok(l)) => format!(
+                    "nothing in the binary gives where its build keeps {} (learned: {})",
+                    l.missing.join(", "),
+                    l.summary()
+                ),
+                Some(Err(e)) => format!("its layout could not be learned from the binary: {e}"),
+                None => "its binary could not be read to learn its layout".to_string(),
+            };
+            p.code.push(code);
+            self.fail(pid, why);
+            return;
+        }
         if !self.luajit_binaries.iter().any(|b| b == path) {
             self.luajit_binaries.push(path.to_string());
             self.new_luajit += 1;
@@ -201,24 +241,30 @@ impl LuaVms {
         }));
     }
 
-    /// The layout told for a process running the VM in binary `path`: the same for every
-    /// process running it (a pre-fork server's workers, whose VMs may run too seldom to be
-    /// told by their own samples).
-    fn layout_of(&self, path: &str) -> Option<usize> {
-        self.luajit.values().find_map(|p| match p.detection {
-            Detection::Ready(layout, _) if p.path == path => Some(layout),
+    /// The layout proved for a process running the VM in binary `path`: the same for
+    /// every process running it (a pre-fork server's workers, whose VMs may run too
+    /// seldom to be proved by their own samples).
+    fn layout_of(&self, path: &str) -> Option<Layout> {
+        self.luajit.values().find_map(|p| match &p.detection {
+            Detection::Ready(layout, _) if p.path == path => Some((**layout).clone()),
             _ => None,
         })
     }
 
-    /// Process pid's LuaJIT layout is known: configures its walker and records its runtime.
-    fn ready(&mut self, pid: u32, layout: usize) {
+    /// Process pid's LuaJIT layout is proved: configures its walker and records its
+    /// runtime.
+    fn ready(&mut self, pid: u32, layout: Layout) {
         let Some(p) = self.luajit.get_mut(&pid) else {
             return;
         };
-        p.detection = Detection::Ready(layout, TraceArray::default());
+        let offset = (layout.offsets.j_trace != ABSENT).then_some(layout.offsets.j_trace);
+        let traces = TraceArray {
+            offset,
+            ..TraceArray::default()
+        };
+        let r = luajit_runtime(pid, p, Some(&layout));
+        p.detection = Detection::Ready(Box::new(layout), traces);
         self.configs.extend(p.config().map(|c| (pid, c)));
-        let r = luajit_runtime(pid, p, Some(&LAYOUTS[layout]));
         self.records.push(Record::LuaRuntime(r));
     }
 
@@ -228,14 +274,17 @@ impl LuaVms {
             // One PUC Lua per process: the first found.
             return;
         }
-        let release = puc::release(minor, patch);
-        let detection = release.map_or(Detection::Failed, Detection::Puc);
+        let release = lrec_inspect::lua::puc::releases::release(minor, patch).map(|r| r.layout());
+        let detection = match &release {
+            Some(l) => Detection::Puc(Box::new(l.clone())),
+            None => Detection::Failed,
+        };
         let p = ProcessVm::new(pid, path, vec![code], detection);
         let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
         match release {
             Some(rel) => {
-                r.layout = format!("{} (luaV_execute by {})", rel.name(), code.found_by);
-                self.puc_configs.push((pid, rel.abi));
+                r.layout = format!("{} (luaV_execute by {})", rel.name, code.found_by);
+                self.puc_configs.push((pid, RawPucConfig::new(&rel)));
             }
             None => {
                 let msg = format!(
@@ -292,6 +341,27 @@ impl LuaVms {
             .any(|p| matches!(p.detection, Detection::Pending { .. }) && p.young())
     }
 
+    /// Why a LuaJIT layout is still being proved: its VM has not run, or how far its
+    /// samples got.
+    pub fn pending_why(&self) -> String {
+        let pending = self.luajit.values().find_map(|p| match &p.detection {
+            Detection::Pending {
+                votes,
+                protos,
+                tries,
+                ..
+            } => Some((*tries, *votes, *protos)),
+            _ => None,
+        });
+        match pending {
+            None | Some((0, ..)) => "its VM did not run: an idle VM proves nothing".into(),
+            Some((tries, votes, (yes, no))) => format!(
+                "{tries} samples ran in it, {votes} found its global state, {yes} read its \
+                 running prototype as the layout says and {no} did not"
+            ),
+        }
+    }
+
     /// BPF configurations that became known since the last call.
     pub fn take_configs(&mut self) -> Vec<(u32, RawLuaConfig)> {
         std::mem::take(&mut self.configs)
@@ -309,16 +379,31 @@ impl LuaVms {
         &self.luajit_binaries[self.luajit_binaries.len() - n..]
     }
 
-    /// LuaJIT's interpreter code in `pid`, if it maps one.
-    pub fn luajit_code(&self, pid: u32) -> Option<&[VmCode]> {
-        self.luajit.get(&pid).map(|p| p.code.as_slice())
+    /// The binary holding `pid`'s PUC Lua interpreter, with its layout.
+    pub fn puc_layout(&self, pid: u32) -> Option<(String, PucLayout)> {
+        let p = self.puc.get(&pid)?;
+        match &p.detection {
+            Detection::Puc(l) => Some((p.path.clone(), (**l).clone())),
+            _ => None,
+        }
     }
 
-    /// The binary holding `pid`'s PUC Lua interpreter, with its release (minor, patch).
-    pub fn puc_release(&self, pid: u32) -> Option<(String, u32, u32)> {
-        let p = self.puc.get(&pid)?;
-        let (minor, patch) = p.code.first()?.release?;
-        Some((p.path.clone(), minor, patch))
+    /// `pid`'s LuaJIT interpreter and the layout to find its VMs in a heap snapshot with:
+    /// the proved one, else the one learned from the binary (the snapshot checks it), or
+    /// why there is none.
+    pub fn luajit_heap_layout(&self, pid: u32) -> Option<(Vec<VmCode>, Result<Layout, String>)> {
+        let p = self.luajit.get(&pid)?;
+        let layout = match &p.detection {
+            Detection::Ready(l, _) => Ok((**l).clone()),
+            Detection::Pending { layout, .. } => Ok(layout.layout.clone()),
+            _ => match self.learned.get(&p.path) {
+                Some(Ok(l)) if l.missing.is_empty() => Ok(l.layout.clone()),
+                Some(Ok(l)) => Err(format!("its layout lacks {}", l.missing.join(", "))),
+                Some(Err(e)) => Err(e.clone()),
+                None => Err("its layout was not learned".into()),
+            },
+        };
+        Some((p.code.clone(), layout))
     }
 
     /// Records (runtimes, protos) to write before the sample at hand.
@@ -358,33 +443,35 @@ impl LuaVms {
         let shared = last.as_ref().map_or(0, |l| l.shared(raw, walked));
         let head = &raw[..raw.len() - shared];
         let mut checked = Vec::with_capacity(head.len());
-        let n = match p.detection {
+        let n = match &p.detection {
             Detection::Ready(layout, _) => {
-                let l = &LAYOUTS[layout];
+                let l = &layout.offsets;
                 self.checks
                     .standing(pid, walked, head, &mut checked, |mem, f| {
                         luajit::proto_unchanged(mem, pid, l, f)
                     })
             }
-            Detection::Puc(ref rel) => {
+            Detection::Puc(rel) => {
+                let abi = RawPucConfig::new(rel);
                 self.checks
                     .standing(pid, walked, head, &mut checked, |mem, f| {
-                        puc::proto_unchanged(mem, pid, &rel.abi, f)
+                        puc::proto_unchanged(mem, pid, &abi, f)
                     })
             }
             _ => return None,
         };
         let mut frames: Vec<LuaFrame> = Vec::with_capacity(raw.len());
-        match p.detection {
-            Detection::Ready(layout, ref traces) => {
-                let layout = &LAYOUTS[layout];
-                if walk.header.vmstate > 0 && traces.searching() {
-                    self.find_traces(pid, layout, &walk);
+        match &p.detection {
+            Detection::Ready(layout, traces) => {
+                let (layout, searching) = ((**layout).clone(), traces.searching());
+                if walk.header.vmstate > 0 && searching {
+                    self.find_traces(pid, &layout.offsets, &walk);
                 }
-                let convert = |f| self.frame(f, |t, f| t.proto(pid, layout, f));
+                let convert = |f| self.frame(f, |t, f| t.proto(pid, &layout.offsets, f));
                 frames.extend(head[..n].iter().map(convert));
             }
             Detection::Puc(rel) => {
+                let rel = (**rel).clone();
                 let convert = |f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
                 frames.extend(head[..n].iter().map(convert));
             }
@@ -437,7 +524,12 @@ impl LuaVms {
     /// The id of a frame's proto, reading and writing it the first time. A proto freed
     /// and replaced at the same address differs in its chunk name, lines or size, and
     /// gets a new id; one that cannot be read gets `u32::MAX`.
-    fn proto(&mut self, pid: u32, layout: &Layout, f: &RawLuaFrame) -> u32 {
+    fn proto(
+        &mut self,
+        pid: u32,
+        layout: &lrec_inspect::lua::luajit::Offsets,
+        f: &RawLuaFrame,
+    ) -> u32 {
         let key = proto_key!(pid, f);
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
@@ -461,20 +553,21 @@ impl LuaVms {
     }
 
     /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
-    fn puc_proto(&mut self, pid: u32, rel: &puc::Release, f: &RawLuaFrame) -> u32 {
+    fn puc_proto(&mut self, pid: u32, rel: &PucLayout, f: &RawLuaFrame) -> u32 {
         let key = proto_key!(pid, f);
         if let Some(id) = self.protos.get(&key) {
             return id.unwrap_or(u32::MAX);
         }
         let mem = self.puc.get(&pid).and_then(|p| p.mem.as_ref());
         let read = self.copied.remove(&key).map(|c| {
-            let mut p = copied_proto(&c, puc::lines(&c, &rel.abi));
+            let abi = RawPucConfig::new(rel);
+            let mut p = copied_proto(&c, puc::lines(&c, &abi));
             // The frame's numline is lastlinedefined.
             p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
             // The callees' names, from the live proto if it still is this one.
-            if let Some(code) = mem.and_then(|m| {
-                puc::read_code(m, &rel.abi, f.ptr, f.chunkname, f.firstline, f.sizebc)
-            }) {
+            if let Some(code) =
+                mem.and_then(|m| puc::read_code(m, rel, f.ptr, f.chunkname, f.firstline, f.sizebc))
+            {
                 p.callee_names = crate::lua::puc_names::callee_names(&code);
             }
             p
@@ -521,7 +614,10 @@ impl LuaVms {
             if tries > 0 {
                 self.fail(
                     pid,
-                    format!("its layout was not told before the recording ended ({tries} samples in it)"),
+                    format!(
+                        "its layout was not proved before the recording ended ({tries} samples \
+                         in it)"
+                    ),
                 );
             }
         }
@@ -550,9 +646,11 @@ impl ProcessVm {
         let Detection::Ready(layout, traces) = &self.detection else {
             return None;
         };
-        let mut c = luajit::config(&LAYOUTS[*layout], &self.code);
-        c.j_trace = traces.offset.unwrap_or(0);
-        Some(c)
+        Some(luajit::config(
+            &layout.offsets,
+            &self.code,
+            traces.offset.unwrap_or(0),
+        ))
     }
 }
 
@@ -576,7 +674,10 @@ fn luajit_runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntim
     let mut r = runtime(pid, p, "LuaJIT 2.1".into());
     if let Some(l) = layout {
         r.layout = l.name.to_string();
-        r.builtins = (l.builtins)().into_iter().map(str::to_string).collect();
+        r.builtins = luajit::builtins(l)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
     }
     r
 }

@@ -13,12 +13,16 @@ use crate::lua::VmCode;
 use crate::output::human_bytes;
 use crate::procfs;
 use crate::Args;
+use lrec_inspect::lua::luajit::Layout as LuajitLayout;
+use lrec_inspect::lua::puc::Layout as PucLayout;
 
 /// The Lua VMs a process maps, to look for in its copied memory.
 struct Mapped {
-    luajit: Option<Vec<VmCode>>,
-    /// PUC Lua: the binary, and its release (minor, patch).
-    puc: Option<(String, u32, u32)>,
+    /// LuaJIT: the interpreter's code, and its layout (proved, or learned and checked on
+    /// the copy), or why it has none.
+    luajit: Option<(Vec<VmCode>, Result<LuajitLayout, String>)>,
+    /// PUC Lua: the binary, and its layout.
+    puc: Option<(String, PucLayout)>,
 }
 
 impl Recording {
@@ -30,8 +34,8 @@ impl Recording {
         let mut vms = 0;
         for pid in pids {
             let mapped = Mapped {
-                luajit: self.lua.luajit_code(pid).map(<[_]>::to_vec),
-                puc: self.lua.puc_release(pid),
+                luajit: self.lua.luajit_heap_layout(pid),
+                puc: self.lua.puc_layout(pid),
             };
             if mapped.luajit.is_some() || mapped.puc.is_some() {
                 vms += self.snapshot_process(pid, n, &mapped, args)?;
@@ -126,36 +130,36 @@ type FoundVm = (u64, String, String, Vec<(String, u32)>);
 fn find_vms(copy: &HeapCopy, mapped: &Mapped) -> (Vec<FoundVm>, Vec<String>) {
     let mem = Regions(&copy.regions);
     let (mut found, mut errors) = (Vec::new(), Vec::new());
-    if let Some(code) = &mapped.luajit {
-        let vms = find_luajit(&mem, code);
-        if vms.is_empty() {
-            errors.push(
-                "no LuaJIT VM state found in the copied memory (its layout is none lrec \
-                 knows, or the VM lives in memory lrec does not copy)"
-                    .to_string(),
-            );
-        }
-        for vm in vms {
-            let layout = vm.layout.name.to_string();
-            found.push((vm.g, "LuaJIT 2.1".into(), layout, offsets(&vm)));
-        }
-    }
-    if let Some((path, minor, patch)) = &mapped.puc {
-        match find_puc(&mem, *minor) {
-            None => errors.push(format!(
-                "Lua 5.{minor}.{patch} ({path}): lrec cannot read the heap of this release \
-                 (5.1 to 5.5 it can)"
-            )),
-            Some(gs) if gs.is_empty() => errors.push(format!(
-                "no Lua 5.{minor} state found in the copied memory ({path}; a luaconf.h other \
-                 than the default's?)"
-            )),
-            Some(gs) => {
-                for g in gs {
-                    let layout = format!("5.{minor}.{patch}");
-                    found.push((g, format!("Lua 5.{minor}"), layout, Vec::new()));
-                }
+    match &mapped.luajit {
+        Some((_, Err(why))) => errors.push(format!("the LuaJIT VM cannot be read: {why}")),
+        Some((code, Ok(layout))) => {
+            let vms = find_luajit(&mem, code, &layout.offsets);
+            if vms.is_empty() {
+                errors.push(format!(
+                    "no LuaJIT VM state found in the copied memory with its layout ({}), \
+                     or the VM lives in memory lrec does not copy",
+                    layout.name
+                ));
             }
+            for vm in vms {
+                let offsets = offsets(&layout.offsets, &vm);
+                found.push((vm.g, "LuaJIT 2.1".into(), layout.name.clone(), offsets));
+            }
+        }
+        None => {}
+    }
+    if let Some((path, layout)) = &mapped.puc {
+        let minor = layout.minor();
+        let gs = find_puc(&mem, layout);
+        if gs.is_empty() {
+            errors.push(format!(
+                "no Lua 5.{minor} state found in the copied memory with its layout ({}; {path})",
+                layout.name
+            ));
+        }
+        for g in gs {
+            let named = layout.offsets.named();
+            found.push((g, format!("Lua 5.{minor}"), layout.name.clone(), named));
         }
     }
     (found, errors)

@@ -7,6 +7,7 @@ use lrec_inspect::elf;
 use super::Recording;
 use crate::lua::VmCode;
 use crate::procfs::{self, MapsEntry};
+use lrec_inspect::lua::luajit::learn::learn;
 
 /// Strings that show Lua in a binary: PUC Lua's `lua_ident` (5.2 on, then 5.1) and the name
 /// of a function only LuaJIT's API has.
@@ -84,6 +85,16 @@ impl Recording {
     ) {
         if !self.vm_checked.insert(key.to_vec()) {
             return;
+        }
+        if let (Some(vm), Some((binary, e))) = (&luajit, &file) {
+            let debug = crate::embedder::separate_debug_file(&self.debug_dir, binary);
+            let vm = lrec_inspect::lua::detect::LuaJitVm {
+                start: vm.start,
+                end: vm.end,
+                cframe_size: vm.cframe_size,
+            };
+            let learned = learn(e.data, &vm, debug.as_ref().map(|d| &d.data[..]));
+            self.lua.learned(path, learned);
         }
         let luajit = luajit.map(Ok);
         let puc = || {

@@ -1,0 +1,1 @@
+//! Learning a PUC Lua build's layout (being written).
