@@ -290,7 +290,7 @@ struct lrec_puc_config {
 	__u32 l_size;      /* sizeof(lua_State), sizeof(Proto): reads stop there, as the */
 	__u32 p_size;      /* heap may end right after an object */
 	__u32 ci_tailcalls; /* 5.1: ci->tailcalls (no CIST_TAIL), else 0 */
-	__u32 pad;
+	__u32 str_hdr;     /* bytes of a TString's header read: its type, lengths (<= 56) */
 };
 
 /* Timed calls (ebpf/latency.h), read by lrec (record/src/raw.rs asserts the layouts). */

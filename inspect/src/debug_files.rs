@@ -97,6 +97,18 @@ pub fn map_regular_file(path: &Path) -> Option<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&file).ok() }
 }
 
+/// The dwz supplementary file a debug file shares types with (its `.gnu_debugaltlink`,
+/// as Debian's `-dbg` packages have): mapped when it is there with the build-id named.
+pub fn supplement(debug: &DebugFile) -> Option<memmap2::Mmap> {
+    let (path, id) = crate::dwarf::alt_link(&debug.data)?;
+    let path = match path.is_absolute() {
+        true => path,
+        false => debug.path.parent()?.join(path),
+    };
+    let data = map_regular_file(&path)?;
+    (crate::elf::build_id(&data).as_deref() == Some(&id[..])).then_some(data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 //! ([`named`]).
 
 pub mod detect;
+pub mod evidence;
 pub mod luajit;
 pub mod named;
 pub mod puc;

@@ -372,7 +372,22 @@ pub struct RawPucConfig {
     pub l_size: u32,
     pub p_size: u32,
     pub ci_tailcalls: u32,
-    pub pad: u32,
+    pub str_hdr: u32,
+}
+
+/// sizeof a struct the walker reads whole: known, else past the last field it reads
+/// (`width` bytes each, rounded up to 8), which bounds the read as well.
+fn bound(size: u32, read: &[u32], width: u32) -> u32 {
+    if size != ABSENT {
+        return size;
+    }
+    let last = read
+        .iter()
+        .copied()
+        .filter(|&v| v != ABSENT)
+        .max()
+        .unwrap_or(0);
+    (last + width).next_multiple_of(8)
 }
 
 impl RawPucConfig {
@@ -407,7 +422,17 @@ impl RawPucConfig {
             ci_previous: or0(o.ci_previous),
             ci_savedpc: o.ci_savedpc,
             ci_callstatus: or0(o.ci_callstatus),
-            ci_size: o.ci_size,
+            ci_size: bound(
+                o.ci_size,
+                &[
+                    o.ci_func,
+                    or0(o.ci_previous),
+                    o.ci_savedpc,
+                    or0(o.ci_callstatus),
+                    or0(o.ci_tailcalls),
+                ],
+                8,
+            ),
             tag_lcl: r.tag_lcl,
             tag_ccl: r.tag_ccl,
             tag_lcf: r.tag_lcf,
@@ -435,10 +460,40 @@ impl RawPucConfig {
             str_data: o.s_data,
             op_call: r.op_call,
             op_tailcall: r.op_tailcall,
-            l_size: o.l_size,
-            p_size: o.p_size,
+            l_size: bound(
+                o.l_size,
+                &[
+                    o.l_g,
+                    o.l_ci,
+                    o.l_status,
+                    o.l_base_ci,
+                    o.l_errorjmp,
+                    or0(o.l_savedpc),
+                ],
+                8,
+            ),
+            p_size: bound(
+                o.p_size,
+                &[
+                    o.p_source,
+                    o.p_linedefined,
+                    o.p_lastlinedefined,
+                    o.p_code,
+                    o.p_sizecode,
+                    o.p_lineinfo,
+                    o.p_sizelineinfo,
+                    or0(o.p_abslineinfo),
+                    or0(o.p_sizeabslineinfo),
+                ],
+                8,
+            ),
             ci_tailcalls: or0(o.ci_tailcalls),
-            pad: 0,
+            // The type byte, the short length and the long one (the text's pointer, in
+            // 5.5, is read on its own).
+            str_hdr: [9, or0(o.s_shrlen) + 1, o.s_len + 8]
+                .into_iter()
+                .max()
+                .unwrap_or(24),
         }
     }
 }

@@ -161,12 +161,12 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             let ms = took.as_millis();
             match rec.lua.layouts_pending() {
                 false => eprintln!(
-                    "lrec: LuaJIT's layout (learned from its binary) proved in {ms} ms on \
+                    "lrec: the Lua VM's layout (learned from its binary) proved in {ms} ms on \
                      {samples} samples, which carry no Lua frames and are not kept; recording \
                      from now"
                 ),
                 true => eprintln!(
-                    "lrec: LuaJIT's layout (learned from its binary) not proved in {ms} ms \
+                    "lrec: the Lua VM's layout (learned from its binary) not proved in {ms} ms \
                      ({samples} samples, not kept; {}); recording from now: its samples carry \
                      no Lua frames until it is",
                     rec.lua.pending_why()

@@ -29,6 +29,7 @@ named_offsets! {
         l_top = "L.top",
         l_maxstack = "L.maxstack",
         l_stack = "L.stack",
+        l_env = "L.env",
         l_cframe = "L.cframe",
         l_size = "L.size",
         cf_size = "cf.size",

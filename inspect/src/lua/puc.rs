@@ -4,6 +4,7 @@
 //! offsets are learned from the binary ([`learn`]: DWARF, the C API's and `luaV_execute`'s
 //! machine code); the releases' own layouts ([`releases`]) are cross-checks.
 
+mod capi;
 pub mod learn;
 pub mod releases;
 
@@ -73,10 +74,14 @@ named_offsets! {
         uv_next = "uv.next",
         uv_size = "uv.size",
         ud_nuvalue = "ud.nuvalue",
+        ud_env = "ud.env",
+        ud_uvtag = "ud.uvtag",
         ud_size0 = "ud.size0",
         ud_len = "ud.len",
         ud_meta = "ud.metatable",
         ud_uv = "ud.uv",
+        p_numparams = "p.numparams",
+        p_is_vararg = "p.is_vararg",
         p_flag = "p.flag",
         p_k = "p.k",
         p_sizek = "p.sizek",
@@ -172,11 +177,9 @@ impl Offsets {
             ("L.status", self.l_status),
             ("L.base_ci", self.l_base_ci),
             ("L.errorJmp", self.l_errorjmp),
-            ("L.size", self.l_size),
             ("g.mainthread", self.g_mainthread),
             ("ci.func", self.ci_func),
             ("ci.savedpc", self.ci_savedpc),
-            ("ci.size", self.ci_size),
             ("lcl.p", self.lcl_p),
             ("ccl.f", self.ccl_f),
             ("ccl.upvalue", self.ccl_upvalue),
@@ -187,12 +190,16 @@ impl Offsets {
             ("p.sizecode", self.p_sizecode),
             ("p.lineinfo", self.p_lineinfo),
             ("p.sizelineinfo", self.p_sizelineinfo),
-            ("p.size", self.p_size),
             ("s.len", self.s_len),
             ("s.data", self.s_data),
         ];
         if version == 501 {
-            needed.extend([("L.savedpc", self.l_savedpc), ("cl.isC", self.cl_isc)]);
+            // CallInfos are an array: their size is the walk's step.
+            needed.extend([
+                ("L.savedpc", self.l_savedpc),
+                ("cl.isC", self.cl_isc),
+                ("ci.size", self.ci_size),
+            ]);
         } else {
             needed.extend([
                 ("ci.previous", self.ci_previous),

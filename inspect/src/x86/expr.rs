@@ -22,7 +22,7 @@ pub enum Expr {
     /// What a call returned: the call's address in the code.
     Ret(u64),
     /// One of several values: what paths that met held (at most [`MAX_PHI`], none of
-    /// them a `Phi`).
+    /// them a `Phi`; `Unknown` among them when a path's value was not known).
     Phi(Vec<Expr>),
     /// A value computed by an instruction the evaluator does not model (at this address):
     /// unknown, but the same wherever it flows.
@@ -32,7 +32,7 @@ pub enum Expr {
 }
 
 /// Values a merge keeps apart before it gives up.
-pub const MAX_PHI: usize = 4;
+pub const MAX_PHI: usize = 8;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Op {
@@ -56,7 +56,6 @@ impl Expr {
         let mut all: Vec<Expr> = Vec::new();
         for e in [a, b] {
             match e {
-                Expr::Unknown => return Expr::Unknown,
                 Expr::Phi(v) => all.extend(v.iter().cloned()),
                 e => all.push(e.clone()),
             }

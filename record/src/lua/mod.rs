@@ -11,6 +11,7 @@ pub mod luajit_builtins;
 pub mod luajit_bytecode;
 pub mod puc;
 pub mod puc_names;
+mod puc_proof;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -28,7 +29,13 @@ use crate::raw::{
 };
 use lrec_inspect::lua::luajit::learn::Learned;
 use lrec_inspect::lua::luajit::Layout;
+use lrec_inspect::lua::puc::learn::Learned as PucLearned;
 use lrec_inspect::lua::puc::Layout as PucLayout;
+
+/// Samples whose running state must read as a PUC layout says before it is used, and
+/// lrec's time per process for proving it.
+const PUC_PROOFS: u32 = 3;
+const PUC_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
 /// PUC Lua's luaV_execute.
@@ -57,7 +64,14 @@ enum Detection {
     /// LuaJIT: the layout proved, and its VM's trace array.
     Ready(Box<Layout>, TraceArray),
     Failed,
-    /// PUC Lua, whose layout follows from its release.
+    /// PUC Lua: the layout learned from the binary, being proved on samples: those whose
+    /// running state read as it says and not, and the samples in its interpreter.
+    PucPending {
+        layout: Box<PucLearned>,
+        proofs: (u32, u32),
+        tries: u32,
+    },
+    /// PUC Lua: the layout proved.
     Puc(Box<PucLayout>),
 }
 
@@ -161,6 +175,10 @@ pub struct LuaVms {
     unlocated: std::collections::HashSet<(u32, String)>,
     /// The LuaJIT layout learned from each binary holding a VM (by path), or why none was.
     learned: FxHashMap<String, Result<Learned, String>>,
+    /// The same for PUC Lua.
+    learned_puc: FxHashMap<String, Result<PucLearned, String>>,
+    /// Prototypes whose chunk name did not read as a name (left unnamed).
+    unnamed: u64,
 }
 
 impl LuaVms {
@@ -168,6 +186,11 @@ impl LuaVms {
     /// processes mapping it are told of ([`Self::add_vm`]).
     pub fn learned(&mut self, path: &str, learned: Result<Learned, String>) {
         self.learned.insert(path.to_string(), learned);
+    }
+
+    /// Notes the PUC Lua layout learned from binary `path` (or why none was).
+    pub fn learned_puc(&mut self, path: &str, learned: Result<PucLearned, String>) {
+        self.learned_puc.insert(path.to_string(), learned);
     }
 
     /// Notes an interpreter mapped in `pid` (from `path`).
@@ -268,35 +291,123 @@ impl LuaVms {
         self.records.push(Record::LuaRuntime(r));
     }
 
-    /// A PUC Lua interpreter: its release gives its layout at once (or none is known).
+    /// A PUC Lua interpreter: its layout, learned from the binary, is proved on its first
+    /// samples (or, when a process running the same binary proved it, used at once).
     fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
         if self.puc.contains_key(&pid) {
             // One PUC Lua per process: the first found.
             return;
         }
-        let release = lrec_inspect::lua::puc::releases::release(minor, patch).map(|r| r.layout());
-        let detection = match &release {
-            Some(l) => Detection::Puc(Box::new(l.clone())),
-            None => Detection::Failed,
+        let proved = self.puc.values().find_map(|p| match &p.detection {
+            Detection::Puc(l) if p.path == path => Some((**l).clone()),
+            _ => None,
+        });
+        let learned = self.learned_puc.get(path).cloned();
+        let detection = match (proved, &learned) {
+            (Some(l), _) => Detection::Puc(Box::new(l)),
+            (None, Some(Ok(l))) if l.missing.is_empty() => Detection::PucPending {
+                layout: Box::new(l.clone()),
+                proofs: (0, 0),
+                tries: 0,
+            },
+            _ => Detection::Failed,
         };
         let p = ProcessVm::new(pid, path, vec![code], detection);
         let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
-        match release {
-            Some(rel) => {
-                r.layout = format!("{} (luaV_execute by {})", rel.name, code.found_by);
-                self.puc_configs.push((pid, RawPucConfig::new(&rel)));
-            }
-            None => {
-                let msg = format!(
-                    "pid {pid}: found Lua 5.{minor}.{patch} in {path}, a release whose memory \
-                     layout lrec does not know; recording native stacks only"
-                );
-                r.error = Some(msg.clone());
-                self.messages.push(msg);
-            }
+        let why = match learned {
+            Some(Ok(l)) if l.missing.is_empty() => None,
+            Some(Ok(l)) => Some(format!(
+                "nothing in the binary gives where its build keeps {} (learned: {})",
+                l.missing.join(", "),
+                l.summary()
+            )),
+            Some(Err(e)) => Some(e),
+            None => Some("its binary could not be read to learn its layout".into()),
+        };
+        if let Detection::Puc(l) = &p.detection {
+            r.layout = format!("{} (luaV_execute by {})", l.name, code.found_by);
+            self.puc_configs.push((pid, RawPucConfig::new(l)));
+            self.records.push(Record::LuaRuntime(r));
+        } else if let Some(why) = why.filter(|_| matches!(p.detection, Detection::Failed)) {
+            let msg = format!(
+                "pid {pid}: found Lua 5.{minor}.{patch} in {path}, but {why}; recording \
+                 native stacks only"
+            );
+            r.error = Some(msg.clone());
+            self.messages.push(msg);
+            self.records.push(Record::LuaRuntime(r));
         }
-        self.records.push(Record::LuaRuntime(r));
         self.puc.insert(pid, p);
+    }
+
+    /// Weighs a sample of process `sample.pid` for or against its pending PUC layout.
+    fn vote_puc(&mut self, sample: &Sample) {
+        let Some(p) = self.puc.get_mut(&sample.pid) else {
+            return;
+        };
+        let Detection::PucPending {
+            layout,
+            proofs,
+            tries,
+        } = &mut p.detection
+        else {
+            return;
+        };
+        let Some(mem) = &p.mem else {
+            return;
+        };
+        let begun = std::time::Instant::now();
+        match puc_proof::proof(mem, &layout.layout, sample) {
+            Some(true) => proofs.0 += 1,
+            Some(false) => proofs.1 += 1,
+            None => {}
+        }
+        let ip = sample.regs.ip;
+        *tries += u32::from(p.code.iter().any(|c| ip >= c.start && ip < c.end));
+        p.voting += begun.elapsed();
+        let ((yes, no), tries) = (*proofs, *tries);
+        let summary = layout.summary();
+        let path = p.path.clone();
+        let found_by = p.code.first().map_or("", |c| c.found_by);
+        if yes >= PUC_PROOFS && yes >= 4 * no {
+            let layout = layout.layout.clone();
+            let pids: Vec<u32> = self
+                .puc
+                .iter()
+                .filter(|(_, q)| {
+                    q.path == path && matches!(q.detection, Detection::PucPending { .. })
+                })
+                .map(|(&pid, _)| pid)
+                .collect();
+            for pid in pids {
+                let q = self.puc.get_mut(&pid).expect("listed above");
+                q.detection = Detection::Puc(Box::new(layout.clone()));
+                let mut r = runtime(pid, q, layout.name.clone());
+                r.vm = format!("Lua 5.{}", layout.minor());
+                if let Some(c) = q.code.first().and_then(|c| c.release) {
+                    r.vm = format!("Lua 5.{}.{}", c.0, c.1);
+                }
+                r.layout = format!("{summary} (luaV_execute by {found_by})");
+                self.puc_configs.push((pid, RawPucConfig::new(&layout)));
+                self.records.push(Record::LuaRuntime(r));
+            }
+        } else if tries >= luajit::TRIES_BEFORE_GIVING_UP || p.voting >= PUC_BUDGET {
+            let what = match (yes, no) {
+                (0, 0) => "no sample found a running state where the layout puts it".into(),
+                _ => format!("{yes} samples read as it says, {no} did not"),
+            };
+            let msg = format!(
+                "pid {}: found a Lua interpreter in {path}, but the layout learned from it \
+                 ({summary}) could not be proved on the running VM: {what}; recording native \
+                 stacks only",
+                sample.pid
+            );
+            p.detection = Detection::Failed;
+            let mut r = runtime(sample.pid, p, "Lua".into());
+            r.error = Some(msg.clone());
+            self.messages.push(msg);
+            self.records.push(Record::LuaRuntime(r));
+        }
     }
 
     /// Keeps a proto BPF copied (from the `lua_protos` ring).
@@ -333,26 +444,34 @@ impl LuaVms {
         })
     }
 
-    /// Whether some LuaJIT process's layout is still unknown, found less than 2 s ago: its
-    /// samples carry no Lua frames yet.
+    /// Whether some process's Lua layout is still being proved, found less than 2 s ago:
+    /// its samples carry no Lua frames yet.
     pub fn layouts_pending(&self) -> bool {
-        self.luajit
-            .values()
-            .any(|p| matches!(p.detection, Detection::Pending { .. }) && p.young())
+        self.luajit.values().chain(self.puc.values()).any(|p| {
+            matches!(
+                p.detection,
+                Detection::Pending { .. } | Detection::PucPending { .. }
+            ) && p.young()
+        })
     }
 
     /// Why a LuaJIT layout is still being proved: its VM has not run, or how far its
     /// samples got.
     pub fn pending_why(&self) -> String {
-        let pending = self.luajit.values().find_map(|p| match &p.detection {
-            Detection::Pending {
-                votes,
-                protos,
-                tries,
-                ..
-            } => Some((*tries, *votes, *protos)),
-            _ => None,
-        });
+        let pending =
+            self.luajit
+                .values()
+                .chain(self.puc.values())
+                .find_map(|p| match &p.detection {
+                    Detection::Pending {
+                        votes,
+                        protos,
+                        tries,
+                        ..
+                    } => Some((*tries, *votes, *protos)),
+                    Detection::PucPending { proofs, tries, .. } => Some((*tries, *tries, *proofs)),
+                    _ => None,
+                });
         match pending {
             None | Some((0, ..)) => "its VM did not run: an idle VM proves nothing".into(),
             Some((tries, votes, (yes, no))) => format!(
@@ -379,11 +498,13 @@ impl LuaVms {
         &self.luajit_binaries[self.luajit_binaries.len() - n..]
     }
 
-    /// The binary holding `pid`'s PUC Lua interpreter, with its layout.
+    /// The binary holding `pid`'s PUC Lua interpreter, with its layout: the proved one,
+    /// else the one learned from the binary (a heap snapshot checks it on the copy).
     pub fn puc_layout(&self, pid: u32) -> Option<(String, PucLayout)> {
         let p = self.puc.get(&pid)?;
         match &p.detection {
             Detection::Puc(l) => Some((p.path.clone(), (**l).clone())),
+            Detection::PucPending { layout, .. } => Some((p.path.clone(), layout.layout.clone())),
             _ => None,
         }
     }
@@ -423,6 +544,10 @@ impl LuaVms {
         let pending = |p: &ProcessVm| matches!(p.detection, Detection::Pending { .. });
         if self.luajit.get(&sample.pid).is_some_and(pending) {
             self.vote(sample);
+        }
+        let puc_pending = |p: &ProcessVm| matches!(p.detection, Detection::PucPending { .. });
+        if self.puc.get(&sample.pid).is_some_and(puc_pending) {
+            self.vote_puc(sample);
         }
         let walk = walk?;
         let by_puc = u32::from(walk.header.flags) & lua_flags::PUC != 0;
@@ -575,8 +700,15 @@ impl LuaVms {
         self.new_proto(key, read)
     }
 
-    /// Gives a proto read for `key` its id and queues its record.
+    /// Gives a proto read for `key` its id and queues its record. A chunk name that does
+    /// not read as a name (control bytes, invalid UTF-8: memory read with a wrong layout,
+    /// or freed) is no name: the frame stays unnamed, and the summary counts it.
     fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
+        let read = read.filter(|p| {
+            let ok = luajit::is_name(p.chunkname.as_bytes()) && !p.chunkname.contains('\u{fffd}');
+            self.unnamed += u64::from(!ok);
+            ok
+        });
         let id = read.map(|mut proto| {
             let id = self.next_proto;
             self.next_proto += 1;
@@ -594,6 +726,13 @@ impl LuaVms {
     /// The recording ends: a LuaJIT layout still being told is not known, and the capture
     /// says why its samples have no Lua frames.
     pub fn finish(&mut self) {
+        if self.unnamed > 0 {
+            self.messages.push(format!(
+                "{} Lua functions' chunk names did not read as names (memory freed or reused \
+                 before lrec read it); their frames are left unnamed",
+                self.unnamed
+            ));
+        }
         if self.checks.cut > 0 {
             self.messages.push(format!(
                 "{} samples lost their Lua frames from a function whose code was collected \
@@ -619,6 +758,17 @@ impl LuaVms {
                          in it)"
                     ),
                 );
+            }
+        }
+        for (&pid, p) in &self.puc {
+            if let Detection::PucPending { tries, .. } = p.detection {
+                if tries > 0 {
+                    self.messages.push(format!(
+                        "pid {pid}: the Lua VM's layout in {} was not proved before the \
+                         recording ended ({tries} samples in it); native stacks only",
+                        p.path
+                    ));
+                }
             }
         }
     }

@@ -96,6 +96,17 @@ impl Recording {
             let learned = learn(e.data, &vm, debug.as_ref().map(|d| &d.data[..]));
             self.lua.learned(path, learned);
         }
+        if let (None, Some((binary, e))) = (&luajit, &file) {
+            if let Some((minor, patch)) = e.release {
+                let debug = crate::embedder::separate_debug_file(&self.debug_dir, binary);
+                let sup = debug
+                    .as_ref()
+                    .and_then(lrec_inspect::debug_files::supplement);
+                let files = debug.as_ref().map(|d| (&d.data[..], sup.as_deref()));
+                let learned = lrec_inspect::lua::puc::learn::learn(e.data, minor, patch, files);
+                self.lua.learned_puc(path, learned);
+            }
+        }
         let luajit = luajit.map(Ok);
         let puc = || {
             let (binary, e) = file.as_ref()?;

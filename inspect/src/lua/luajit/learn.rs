@@ -5,8 +5,6 @@
 //! (nothing was inserted there); the rest is unknown, and said. The result still has to
 //! be proved on the live process before it is used (lrec does, on its samples).
 
-use std::collections::BTreeMap;
-
 use iced_x86::Instruction;
 
 use super::releases::{KNOWN, UPSTREAM_GC32, UPSTREAM_GC64};
@@ -14,38 +12,8 @@ use super::{Builtins, Layout, Offsets};
 use crate::dwarf::Structs;
 use crate::elf::Code;
 use crate::lua::detect::LuaJitVm;
-use crate::lua::named::ABSENT;
-
-/// Offsets found so far, by name, with where each came from; disagreements are kept.
-#[derive(Debug, Default)]
-pub struct Facts {
-    found: BTreeMap<&'static str, (i64, String)>,
-    pub conflicts: Vec<String>,
-}
-
-impl Facts {
-    /// Notes that evidence `source` says field `name` is at `value`.
-    pub fn set(&mut self, name: &'static str, value: i64, source: &str) {
-        match self.found.get(name) {
-            Some((v, _)) if *v == value => {}
-            Some((v, s)) => self
-                .conflicts
-                .push(format!("{name}: {s} says {v}, {source} says {value}")),
-            None => {
-                self.found.insert(name, (value, source.to_string()));
-            }
-        }
-    }
-
-    pub fn get(&self, name: &str) -> Option<i64> {
-        self.found.get(name).map(|(v, _)| *v)
-    }
-
-    /// Each field found, with its source.
-    pub fn sources(&self) -> impl Iterator<Item = (&'static str, i64, &str)> {
-        self.found.iter().map(|(k, (v, s))| (*k, *v, s.as_str()))
-    }
-}
+use crate::lua::evidence::Assembly;
+pub use crate::lua::evidence::Facts;
 
 /// A layout learned from a binary, and how.
 #[derive(Debug, Clone)]
@@ -288,41 +256,23 @@ const FIXED: &[&str] = &[
     "cts.cb_stack",
 ];
 
-/// Builds the layout from the facts: each field proved, else placed between proved
-/// fields, else taken as fixed, else unknown.
+/// Builds the layout from the facts, the upstream layout of the same reference size as
+/// the reference ([`Assembly`]).
 fn assemble(f: &Facts, gc64: bool, builtins: Builtins) -> Learned {
     let reference = if gc64 { UPSTREAM_GC64 } else { UPSTREAM_GC32 };
     let table: Vec<(String, u32)> = reference.named();
-    let mut sources: Vec<(&'static str, String)> = Vec::new();
-    let mut named: Vec<(String, u32)> = Vec::new();
-    for &name in Offsets::NAMES {
-        let value = if let Some(v) = f.get(name) {
-            let src = f.found[name].1.clone();
-            sources.push((name, src));
-            Some(v)
-        } else if let Some((v, why)) = between(f, &table, name) {
-            sources.push((name, why));
-            Some(v)
-        } else if FIXED.contains(&name) {
-            let v = table
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| i64::from(*v));
-            if v.is_some() {
-                sources.push((
-                    name,
-                    format!("as in {} builds", if gc64 { "GC64" } else { "GC32" }),
-                ));
-            }
-            v
+    let assembly = Assembly {
+        reference: &table,
+        reference_name: if gc64 {
+            "upstream GC64 builds"
         } else {
-            None
-        };
-        if let Some(v) = value.filter(|&v| (0..1 << 20).contains(&v)) {
-            named.push((name.to_string(), v as u32));
-        }
-    }
-    let offsets = Offsets::from_named(&named);
+            "upstream GC32 builds"
+        },
+        structs: STRUCTS,
+        fixed: FIXED,
+    };
+    let done = assembly.run(f, Offsets::NAMES);
+    let offsets = Offsets::from_named(&done.named);
     let known = KNOWN
         .iter()
         .find(|(_, o, b)| *b == builtins && agrees(&offsets, o));
@@ -337,7 +287,7 @@ fn assemble(f: &Facts, gc64: bool, builtins: Builtins) -> Learned {
             offsets,
             builtins,
         },
-        sources,
+        sources: done.sources,
         conflicts: f.conflicts.clone(),
     }
 }
@@ -349,39 +299,4 @@ fn agrees(o: &Offsets, known: &Offsets) -> bool {
         && known
             .iter()
             .all(|(k, v)| o.named().iter().any(|(k2, v2)| k2 == k && v2 == v))
-}
-
-/// A field no evidence gave, placed from the reference layout where the proved fields of
-/// its struct nearest below and above it (or the struct's end) lie as far apart as there:
-/// nothing was inserted or removed between them.
-fn between(f: &Facts, table: &[(String, u32)], name: &str) -> Option<(i64, String)> {
-    let (prefix, end) = STRUCTS.iter().find(|(p, _)| name.starts_with(p))?;
-    let at = |k: &str| {
-        table
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|(_, v)| i64::from(*v))
-    };
-    let t = at(name)?;
-    // Proved fields of the same struct with their reference offsets.
-    let anchors: Vec<(&str, i64, i64)> = table
-        .iter()
-        .filter(|(k, v)| k.starts_with(prefix) && *v != ABSENT)
-        .filter_map(|(k, v)| Some((k.as_str(), i64::from(*v), f.get(k)?)))
-        .collect();
-    let below = anchors
-        .iter()
-        .filter(|(k, r, _)| *r <= t && Some(*k) != *end)
-        .max_by_key(|(_, r, _)| *r)?;
-    let above = anchors
-        .iter()
-        .filter(|(k, r, _)| *r > t || Some(*k) == *end)
-        .filter(|(k, _, _)| *k != below.0)
-        .min_by_key(|(k, r, _)| if Some(*k) == *end { i64::MAX } else { *r })?;
-    (above.2 - below.2 == above.1 - below.1).then(|| {
-        (
-            below.2 + (t - below.1),
-            format!("between {} and {}, proved", below.0, above.0),
-        )
-    })
 }
