@@ -26,6 +26,10 @@
 #define LREC_PUC_MAX_JMPS 16
 /* Registers that may hold a lua_State (a power of two, the last one unused). */
 #define PUC_NREGS 16
+/* Stack words scanned above a coroutine's bottom for the state that resumed it. */
+#define LREC_PUC_ASCEND_WORDS 256
+/* Resumers prepended at most (a coroutine resumed by a host's own C function). */
+#define LREC_PUC_ASCENTS 2
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -65,13 +69,16 @@ struct puc_work {
 	__u64 last_func, last_pt, last_code, last_call, last_op;
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
 	__u32 pad;
+	/* puc_ascend: the stack word where the search begins, the bottom it must lie above,
+	 * and the resumer found (0: none). */
+	__u64 scan, above, resumer;
 	__u64 ls_of;     /* the lua_State whose header is in ls (0: none) */
 	__u8 ls[PUC_LS + 8];
 	__u8 cib[PUC_CI + 8];
 	__u8 tv[24];
 	__u8 cl[128];    /* 5.1: a closure's header, up to its proto (64 bytes at most) */
 	__u8 pt[PUC_PT + 8];
-	__u8 str[40];
+	__u8 str[72];    /* a TString's header (str_hdr bytes, at most 56) and slack */
 	/* The CallInfos and the Lua stacks, read a window at a time: the walk goes down both
 	 * a frame at a time (5.1's CallInfos are an array; later ones are allocated one
 	 * after another, mostly in a row). */
@@ -253,6 +260,17 @@ static long puc_descend(__u64 i, void *unused)
 	return 0;
 }
 
+/* The outermost lua_longjmp of state l (where lua_resume, or lua_pcall, began it). */
+static __always_inline __u64 puc_outermost_jmp(struct puc_work *w, __u64 l)
+{
+	__u64 jmp = rd64(l + w->cfg.l_errorjmp), bottom = jmp;
+	for (int k = 0; k < LREC_PUC_MAX_JMPS && jmp; k++) {
+		bottom = jmp;
+		jmp = rd64(jmp); /* lua_longjmp.previous */
+	}
+	return bottom;
+}
+
 /* One coroutine's bottom: where it began on the native stack, its outermost lua_longjmp
  * (lua_resume's luaD_rawrunprotected), found from its innermost one. */
 static long puc_bottom(__u64 i, void *unused)
@@ -261,13 +279,80 @@ static long puc_bottom(__u64 i, void *unused)
 	if (!w || i + 1 >= w->nthreads)
 		return 1;
 	__u32 t = (i + 1) & (LREC_PUC_MAX_THREADS - 1);
-	__u64 jmp = rd64(w->threads[t] + w->cfg.l_errorjmp), bottom = jmp;
-	for (int k = 0; k < LREC_PUC_MAX_JMPS && jmp; k++) {
-		bottom = jmp;
-		jmp = rd64(jmp); /* lua_longjmp.previous */
-	}
-	w->bottoms[t] = bottom;
+	w->bottoms[t] = puc_outermost_jmp(w, w->threads[t]);
 	return 0;
+}
+
+/* Whether the state read into w->ls runs a C function at its innermost CallInfo (a
+ * resumer is inside its coroutine.resume, or a host's own C function calling lua_resume). */
+static __always_inline int puc_in_c(struct puc_work *w)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	__u64 ci = PUC_U64(w->ls, PUC_LS, c->l_ci);
+	__u64 func = rd64(ci + c->ci_func);
+	if (!puc_user_ptr(func))
+		return 0;
+	__u64 tv[2] = {};
+	if (bpf_probe_read_user(tv, sizeof(tv), (void *)func))
+		return 0;
+	__u32 tt = tv[1] & 0xff;
+	if (c->version == 501)
+		return tt == c->tag_lcl && (rd32(tv[0] + c->cl_isc) & 0xff);
+	return tt == c->tag_ccl || tt == c->tag_lcf;
+}
+
+/* One stack word above the outermost state's bottom: the state that resumed it, if the
+ * word is a running state of the same VM, inside a C function, whose innermost
+ * lua_longjmp lies farther up this stack (it began there, before the coroutine). */
+static long puc_try_resumer(__u64 i, void *unused)
+{
+	struct puc_work *w = puc_work();
+	if (!w)
+		return 1;
+	__u64 v;
+	if (!copied_stack_word(w->cpu, w->scan + i, &v))
+		return 1;
+	if (!puc_user_ptr(v) || (v >= w->sp && v < w->stack_top) || v == w->threads[0])
+		return 0;
+	/* A thread object's type byte (LUA_TTHREAD): one read before the state's. */
+	if ((rd64(v + 8) & 0xff) != 8)
+		return 0;
+	__u64 g = w->g;
+	if (!puc_is_state(w, v, &g) || g != w->g || !puc_active(w, v))
+		return 0;
+	__u64 jmp = PUC_U64(w->ls, PUC_LS, w->cfg.l_errorjmp);
+	if (jmp <= w->above || jmp >= w->stack_top || !puc_in_c(w))
+		return 0;
+	w->resumer = v;
+	return 1;
+}
+
+/* The states that resumed the outermost one found (w->threads[0], of n), put before it:
+ * a coroutine found by its register has its resumer's frames below it (a host that runs
+ * its callbacks on a thread of its own, as skynet does, leaves the main thread idle).
+ * The resumer's own state is on the native stack above the coroutine's bottom: its C
+ * function (coroutine.resume, or a host's own) keeps it in a saved register. Returns the
+ * new number of states. */
+static __always_inline __u32 puc_ascend(struct puc_work *w, __u32 n)
+{
+	for (int a = 0; a < LREC_PUC_ASCENTS; a++) {
+		if (n >= LREC_PUC_MAX_THREADS || w->threads[0] == puc_mainthread(w, w->g))
+			break;
+		__u64 bottom = puc_outermost_jmp(w, w->threads[0]);
+		if (bottom < w->sp || bottom >= w->stack_top)
+			break;
+		w->scan = (bottom - w->sp) / 8;
+		w->above = bottom;
+		w->resumer = 0;
+		bpf_loop(LREC_PUC_ASCEND_WORDS, puc_try_resumer, NULL, 0);
+		if (!w->resumer)
+			break;
+		for (int k = LREC_PUC_MAX_THREADS - 1; k > 0; k--)
+			w->threads[k] = w->threads[k - 1];
+		w->threads[0] = w->resumer;
+		n++;
+	}
+	return n;
 }
 
 /* From the root state (w->threads[0], read into w->ls), down the coroutines it
@@ -308,12 +393,16 @@ static __always_inline int puc_enter(struct puc_work *w)
 static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, __u64 *text)
 {
 	struct lrec_puc_config *c = &w->cfg;
-	/* The header only: a short string may end right after it. */
-	if (!puc_user_ptr(s) || bpf_probe_read_user(w->str, 24, (void *)s))
+	/* The header only (lrec's span of the fields read): a short string may end right
+	 * after it. */
+	__u32 hdr = c->str_hdr;
+	if (hdr > 56)
+		return 0;
+	if (!puc_user_ptr(s) || bpf_probe_read_user(w->str, hdr & 63, (void *)s))
 		return 0;
 	__u8 tt = w->str[8];
-	__u8 shr = w->str[c->str_shrlen & 31];
-	__u64 lng = *(__u64 *)&w->str[c->str_len & 31];
+	__u8 shr = w->str[c->str_shrlen & 63];
+	__u64 lng = *(__u64 *)&w->str[c->str_len & 63];
 	*text = s + c->str_data;
 	switch (c->strings) {
 	case LREC_PUC_STR_LEN:
@@ -627,6 +716,8 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 		n = puc_chain(w);
 	if (!n)
 		return 0;
+	n = puc_ascend(w, n);
+	w->nthreads = n;
 	w->bottoms[0] = 0;
 	bpf_loop(LREC_PUC_MAX_THREADS, puc_bottom, NULL, 0);
 	note_thread_vm(&puc_thread_vm, tid, w->g);
