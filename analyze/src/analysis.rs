@@ -96,7 +96,8 @@ pub(crate) fn run_with_images(
                 if opts.keeps(header.monotonic_start_ns, s.pid, s.tid, when) {
                     let maps = maps.get(&s.pid);
                     let lua = lua.as_ref().map(|l| (l, &meta));
-                    let mut u = unwind_sample(s, maps, lua, cache, &mut frames);
+                    let bare_vm = meta.luajit_code(s.pid).filter(|_| lua.is_none());
+                    let mut u = unwind_sample(s, maps, lua, bare_vm, cache, &mut frames);
                     u.kind = kind;
                     samples.push(u);
                 }
@@ -297,6 +298,7 @@ fn unwind_sample(
     s: SampleRef,
     maps: Option<&ProcessMaps>,
     lua: Option<(&LuaStack, &Metadata)>,
+    bare_vm: Option<(u64, u64)>,
     cache: &mut UnwindCache,
     frames: &mut ChunkFrames,
 ) -> UnwoundSample {
@@ -343,8 +345,9 @@ fn unwind_sample(
             let puc = lua.is_some_and(|(_, _, rt)| lua::is_puc(rt));
             let mut cframes = Vec::new();
             let code = lua.map(|(_, _, rt)| [(rt.vm_start, rt.vm_end)]);
-            let hint = match (lua, &code) {
-                (Some((l, _, _)), Some(code)) if !puc => {
+            let bare = bare_vm.map(|c| [c]);
+            let hint = match (lua, &code, &bare) {
+                (Some((l, _, _)), Some(code), _) if !puc => {
                     lua::cframes(l, &mut cframes);
                     Some(VmHint {
                         code,
@@ -352,6 +355,12 @@ fn unwind_sample(
                         innermost: l.cframe,
                     })
                 }
+                // A LuaJIT VM without Lua stacks: its C frames are searched for.
+                (None, _, Some(code)) => Some(VmHint {
+                    code,
+                    cframes: &[],
+                    innermost: 0,
+                }),
                 _ => None,
             };
             let stack = unwind_user(space, &s.regs, s.user_stack, cache, hint);

@@ -143,6 +143,16 @@ impl Metadata {
             .or_else(|| of_pid().find(|r| !puc && crate::lua::is_puc(r)))
     }
 
+    /// The interpreter code of process `pid`'s LuaJIT VM, also when lrec could not read
+    /// its layout (its samples then carry no Lua stack, and unwinding looks for its C
+    /// frames itself).
+    pub fn luajit_code(&self, pid: u32) -> Option<(u64, u64)> {
+        self.lua_runtimes
+            .values()
+            .find(|r| r.pid == pid && !crate::lua::is_puc(r) && r.vm_end > r.vm_start)
+            .map(|r| (r.vm_start, r.vm_end))
+    }
+
     fn add(&mut self, record: Record) {
         match record {
             Record::Header(h) => {

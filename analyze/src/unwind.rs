@@ -16,6 +16,9 @@ const SIGNAL_RIP: u64 = 40 + 16 * 8;
 
 /// Deeper stacks are cut here and marked truncated (a loop in corrupt data, or recursion).
 pub const MAX_FRAMES: usize = 2048;
+/// How far above a VM helper's or a trace's stack pointer the VM's C frame is looked for
+/// when the sample does not say where it is (bytes).
+const CFRAME_SEARCH: u64 = 2048;
 
 /// Per-thread state reused across samples: framehop's rule cache, what is known of each
 /// code address and a frame buffer.
@@ -157,9 +160,86 @@ impl VmHint<'_> {
         self.code.iter().any(|&(s, e)| avma >= s && avma < e)
     }
 
+    /// An address in the interpreter: any unwinds by its C frame's rule.
+    fn any_vm_address(&self) -> u64 {
+        let (start, end) = self.code[0];
+        start + (end - start) / 2
+    }
+
     /// The innermost C frame at or above `sp` that is not `sp` itself.
     fn cframe_above(&self, sp: u64) -> Option<u64> {
         self.cframes.iter().copied().find(|&c| c > sp)
+    }
+}
+
+/// The search for a LuaJIT VM's C frame in a sample's stack bytes.
+struct Search<'a> {
+    space: &'a AddressSpace,
+    stack: &'a [u8],
+    /// The stack pointer `stack` begins at.
+    stack_sp: u64,
+}
+
+impl Search<'_> {
+    /// The first 8-byte aligned place at or above `from` (within [`CFRAME_SEARCH`]) from
+    /// which the VM's unwind rule leads, frame by frame by CFI, to a frame that says it
+    /// has no caller (`_start`, `clone3`): random stack words do not.
+    fn cframe(
+        &self,
+        from: u64,
+        vm: &VmHint,
+        known: &mut KnownAddresses,
+        rules: &mut CacheX86_64,
+    ) -> Option<u64> {
+        (0..CFRAME_SEARCH / 8)
+            .map(|i| (from & !7) + 8 * i)
+            .filter(|&c| c >= from)
+            .find(|&c| self.completes(c, vm, known, rules))
+    }
+
+    /// Whether unwinding from the VM's code with the stack pointer at `c` completes.
+    fn completes(
+        &self,
+        c: u64,
+        vm: &VmHint,
+        known: &mut KnownAddresses,
+        rules: &mut CacheX86_64,
+    ) -> bool {
+        let mut read_stack = |addr: u64| -> Result<u64, ()> {
+            let off =
+                usize::try_from(addr.checked_sub(self.stack_sp).ok_or(())?).map_err(|_| ())?;
+            let bytes = self
+                .stack
+                .get(off..off.checked_add(8).ok_or(())?)
+                .ok_or(())?;
+            Ok(u64::from_le_bytes(bytes.try_into().unwrap()))
+        };
+        let mut uregs = UnwindRegsX86_64::new(vm.any_vm_address(), c, 0);
+        let mut address = FrameAddress::InstructionPointer(vm.any_vm_address());
+        for _ in 0..MAX_FRAMES {
+            let (avma, is_return) = match address {
+                FrameAddress::InstructionPointer(a) => (a, false),
+                FrameAddress::ReturnAddress(a) => (a.get(), true),
+            };
+            let lookup = if is_return { avma - 1 } else { avma };
+            let k = known.get(self.space, lookup, !is_return);
+            if k.executable.is_none() || !k.covered || k.special.is_some() {
+                return false;
+            }
+            match self
+                .space
+                .unwinder
+                .unwind_frame(address, &mut uregs, rules, &mut read_stack)
+            {
+                Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                    Some(a) => address = a,
+                    None => return false,
+                },
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+        false
     }
 }
 
@@ -233,9 +313,28 @@ pub fn unwind_user<'c>(
                 if let Some(cf) = vm.cframe_above(frame_sp) {
                     // Any interpreter address unwinds by the C frame's rule.
                     uregs.set_sp(cf);
-                    let (start, end) = vm.code[0];
-                    address = FrameAddress::InstructionPointer(start + (end - start) / 2);
+                    address = FrameAddress::InstructionPointer(vm.any_vm_address());
                     continue;
+                }
+            }
+            // The sample has no Lua stack (the VM's layout is not known): its C frames are
+            // found as the first place at or above here from which the VM's rule unwinds
+            // the whole stack (a helper runs 8 bytes below one; a trace some more).
+            if vm.cframes.is_empty() && (jit_code || in_vm) {
+                let search = Search {
+                    space,
+                    stack,
+                    stack_sp: sp,
+                };
+                if let Some(cf) = search.cframe(frame_sp, &vm, known, &mut cache.rules) {
+                    if let Some(f) = frames.last_mut() {
+                        f.vm_work = cf != frame_sp;
+                    }
+                    if cf != frame_sp || jit_code {
+                        uregs.set_sp(cf);
+                        address = FrameAddress::InstructionPointer(vm.any_vm_address());
+                        continue;
+                    }
                 }
             }
         }

@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use lrec_format::LuaHeap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::luajit_layouts::{Objects, GC32, GC64, NODE};
+use super::luajit_objects::Objects;
 use super::{Detail, Kind, Memory, Object, Via, VmHeap};
 
 /// `~LJ_T*` (GCHeader.gct) of each collectable type.
@@ -37,15 +37,15 @@ const CTSTATE_SIZE: u64 = 464;
 /// Bytes of GG_State past the dispatch table (bcff: GG_NUM_ASMFF instructions).
 const GG_TAIL: u64 = 57 * 4;
 
-/// The build's offsets lrec recorded with the snapshot.
+/// The build's offsets lrec recorded with the snapshot (by name), in bytes.
 struct Offsets {
     vmstate: u64,
     mainthref: u64,
     cur_l: u64,
     jit_base: u64,
-    l_base: u64,
     l_stack: u64,
-    l_cframe: u64,
+    l_maxstack: u64,
+    l_top: u64,
     fn_ffid: u64,
     fn_pc: u64,
     pt_size: u64,
@@ -61,34 +61,46 @@ struct Offsets {
 }
 
 impl Offsets {
+    /// The offsets of the snapshot's layout, or which it lacks.
     fn from(vm: &LuaHeap) -> Result<Offsets> {
-        let get = |name: &str| -> Result<u64> {
-            match vm.offsets.iter().find(|(k, _)| k == name) {
-                Some((_, v)) => Ok(*v as u64),
-                None => bail!("the snapshot's LuaJIT layout lacks {name}"),
+        let mut o = lrec_inspect::lua::luajit::Offsets::from_named(&vm.offsets);
+        // Captures of lrec before 2026-11 named fewer fields: where the state's stack
+        // size and top are was then the upstream layout's, relative to cframe.
+        if !vm.offsets.iter().any(|(k, _)| k == "L.top") {
+            o.l_top = o.l_base + 8;
+        }
+        let mut missing = Vec::new();
+        let mut get = |name: &'static str, v: u32| {
+            if v == lrec_inspect::lua::named::ABSENT {
+                missing.push(name);
             }
+            u64::from(v)
         };
-        Ok(Offsets {
-            vmstate: get("g.vmstate")?,
-            mainthref: get("g.mainthref")?,
-            cur_l: get("g.cur_L")?,
-            jit_base: get("g.jit_base")?,
-            l_base: get("L.base")?,
-            l_stack: get("L.stack")?,
-            l_cframe: get("L.cframe")?,
-            fn_ffid: get("fn.ffid")?,
-            fn_pc: get("fn.pc")?,
-            pt_size: get("pt.size")?,
-            pt_k: get("pt.k")?,
-            pt_sizept: get("pt.sizept")?,
-            pt_chunkname: get("pt.chunkname")?,
-            pt_uvinfo: get("pt.uvinfo")?,
-            pt_firstline: get("pt.firstline")?,
-            str_len: get("str.len")?,
-            str_data: get("str.data")?,
-            g2disp: get("g2disp")?,
-            l_size: get("L.size")?,
-        })
+        let f = Offsets {
+            vmstate: get("g.vmstate", o.g_vmstate),
+            mainthref: get("g.mainthref", o.g_mainthref),
+            cur_l: get("g.cur_L", o.g_cur_l),
+            jit_base: get("g.jit_base", o.g_jit_base),
+            l_stack: get("L.stack", o.l_stack),
+            l_maxstack: get("L.maxstack", o.l_maxstack),
+            l_top: get("L.top", o.l_top),
+            fn_ffid: get("fn.ffid", o.fn_ffid),
+            fn_pc: get("fn.pc", o.fn_pc),
+            pt_size: get("pt.size", o.pt_size),
+            pt_k: get("pt.k", o.pt_k),
+            pt_sizept: get("pt.sizept", o.pt_sizept),
+            pt_chunkname: get("pt.chunkname", o.pt_chunkname),
+            pt_uvinfo: get("pt.uvinfo", o.pt_uvinfo),
+            pt_firstline: get("pt.firstline", o.pt_firstline),
+            str_len: get("str.len", o.str_len),
+            str_data: get("str.data", o.str_data),
+            g2disp: get("g2disp", o.g2disp),
+            l_size: get("L.size", o.l_size),
+        };
+        if !missing.is_empty() {
+            bail!("the snapshot's LuaJIT layout lacks {}", missing.join(", "));
+        }
+        Ok(f)
     }
 }
 
@@ -96,7 +108,7 @@ impl Offsets {
 pub struct Heap<'a> {
     mem: &'a Memory,
     g: u64,
-    o: &'static Objects,
+    o: Objects,
     f: Offsets,
     main: u64,
     registry: Option<u64>,
@@ -112,7 +124,7 @@ impl<'a> Heap<'a> {
         let mut heap = Heap {
             mem,
             g: vm.g,
-            o: if gc64 { &GC64 } else { &GC32 },
+            o: Objects::new(&vm.offsets, gc64),
             f,
             main: 0,
             registry: None,
@@ -143,6 +155,16 @@ impl<'a> Heap<'a> {
     }
 
     /// A GCRef or MRef (64 or 32 bits).
+    /// lua_State.stacksize of thread `l`, from its stack and maxstack (both proved by the
+    /// VM's code): `maxstack = stack + stacksize - LJ_STACK_EXTRA - 1` (lj_state.c), with
+    /// LJ_STACK_EXTRA = 5 + 2 * LJ_FR2.
+    fn stack_slots(&self, l: u64) -> Option<u64> {
+        let stack = self.gcref(l + self.f.l_stack)?;
+        let max = self.gcref(l + self.f.l_maxstack)?;
+        let extra = if self.o.refsize == 8 { 7 } else { 5 };
+        Some(max.checked_sub(stack)? / 8 + extra + 1)
+    }
+
     fn gcref(&self, addr: u64) -> Option<u64> {
         match self.o.refsize {
             8 => self.mem.u64(addr),
@@ -199,7 +221,7 @@ impl<'a> Heap<'a> {
         let held = |at: u64, len: u64| {
             len == 0 || (len <= 8 * MAX_LIST as u64 && self.mem.bytes(at, len as usize).is_some())
         };
-        if !held(array, 8 * asize) || !held(node, NODE * nodes) {
+        if !held(array, 8 * asize) || !held(node, self.o.node_size * nodes) {
             return None;
         }
         Some(((node, nodes), (array, asize)))
@@ -209,7 +231,7 @@ impl<'a> Heap<'a> {
     fn field(&self, t: u64, key: &str) -> Option<u64> {
         let ((node, nodes), _) = self.table_parts(t)?;
         (0..nodes).find_map(|i| {
-            let n = node + i * NODE;
+            let n = node + i * self.o.node_size;
             let (kt, k) = self.tv_gc(n + 8)?;
             if kt != ITYPE_STR || self.str_bytes(k, key.len() + 1)? != key.as_bytes() {
                 return None;
@@ -335,7 +357,7 @@ impl VmHeap for Heap<'_> {
             }
             GCT_UPVAL => (Kind::Upvalue, o.uv_size),
             GCT_THREAD => {
-                let stacksize = self.mem.u32(addr + f.l_cframe + 8)? as u64;
+                let stacksize = self.stack_slots(addr)?;
                 let own = match addr == self.main {
                     true => self.vm_state_size(),
                     false => self.lua_state_size(),
@@ -375,7 +397,7 @@ impl VmHeap for Heap<'_> {
                     size += 8 * asize;
                 }
                 if hmask > 0 {
-                    size += NODE * (hmask + 1);
+                    size += self.o.node_size * (hmask + 1);
                 }
                 (Kind::Table, size)
             }
@@ -440,10 +462,10 @@ impl VmHeap for Heap<'_> {
                 }
             }
             Kind::Thread => {
-                push(Via::Env, self.gcref(a + f.l_stack + 2 * o.refsize));
+                push(Via::Env, self.gcref(a + o.l_env));
                 let stack = self.gcref(a + f.l_stack).unwrap_or(0);
-                let top = self.mem.u64(a + f.l_base + 8).unwrap_or(0);
-                let size = self.mem.u32(a + f.l_cframe + 8).unwrap_or(0) as u64;
+                let top = self.mem.u64(a + f.l_top).unwrap_or(0);
+                let size = self.stack_slots(a).unwrap_or(0);
                 if stack != 0 && top >= stack && top <= stack + 8 * size {
                     for slot in (stack..top).step_by(8) {
                         push(Via::Stack, self.tv_gc(slot).map(|(_, p)| p));
@@ -493,7 +515,7 @@ impl VmHeap for Heap<'_> {
                 });
             }
             Kind::Thread => {
-                let slots = self.mem.u32(obj.addr + f.l_cframe + 8)? as u64;
+                let slots = self.stack_slots(obj.addr)?;
                 return Some(Detail::Stack { slots });
             }
             _ => return None,
@@ -563,13 +585,13 @@ impl Heap<'_> {
         }
         let string_keys = (0..nodes)
             .filter(|i| {
-                self.tv_gc(node + i * NODE + 8)
+                self.tv_gc(node + i * self.o.node_size + 8)
                     .is_some_and(|(kt, _)| kt == ITYPE_STR)
             })
             .count() as u32;
         let named = string_keys <= MAX_NAMED_FIELDS;
         for i in 0..nodes {
-            let n = node + i * NODE;
+            let n = node + i * self.o.node_size;
             let key = self.tv_gc(n + 8);
             // A dead key's value is nil: nothing to follow.
             let Some((_, value)) = self.tv_gc(n) else {

@@ -1,8 +1,14 @@
-//! Where LuaJIT 2.1's objects keep their fields (lj_obj.h, lj_jit.h, lj_ctype.h), GC64
-//! and GC32 on x86_64: the same in every 2.1 release and fork (measured by compiling the
-//! headers both ways). What differs between builds comes with the snapshot.
+//! Where a LuaJIT build's objects keep their fields (lj_obj.h, lj_jit.h, lj_ctype.h), as
+//! the capture names them (`lrec_inspect::lua::luajit::Offsets`, learned by lrec from the
+//! binary); a capture from an lrec that named only some takes the others from
+//! lrec-inspect's upstream layout of the same reference size.
+
+use lrec_inspect::lua::luajit::releases::{UPSTREAM_GC32, UPSTREAM_GC64};
+use lrec_inspect::lua::luajit::Offsets;
+use lrec_inspect::lua::named::ABSENT;
 
 /// Where the fields of each object lie: fixed by GC64 (8-byte references) or GC32.
+#[derive(Debug, Clone, Copy)]
 pub struct Objects {
     pub refsize: u64,
     pub gct: u64,
@@ -31,66 +37,49 @@ pub struct Objects {
     pub tr_nins: u64,
     pub tr_nk: u64,
     pub tr_nsnapmap: u64,
+    /// sizeof(Node).
+    pub node_size: u64,
+    /// lua_State.env.
+    pub l_env: u64,
 }
 
-pub const GC64: Objects = Objects {
-    refsize: 8,
-    gct: 9,
-    tab_size: 64,
-    tab_colo: 11,
-    tab_array: 16,
-    tab_meta: 32,
-    tab_node: 40,
-    tab_asize: 48,
-    tab_hmask: 52,
-    fn_env: 16,
-    lfn_uv: 40,
-    cfn_uv: 48,
-    uv_size: 48,
-    uv_closed: 10,
-    uv_tv: 16,
-    ud_size: 48,
-    ud_env: 16,
-    ud_len: 24,
-    ud_meta: 32,
-    cd_size: 16,
-    cd_ctypeid: 10,
-    ctype_size: 24,
-    tr_size: 120,
-    tr_nsnap: 10,
-    tr_nins: 12,
-    tr_nk: 40,
-    tr_nsnapmap: 44,
-};
-
-pub const GC32: Objects = Objects {
-    refsize: 4,
-    gct: 5,
-    tab_size: 32,
-    tab_colo: 7,
-    tab_array: 8,
-    tab_meta: 16,
-    tab_node: 20,
-    tab_asize: 24,
-    tab_hmask: 28,
-    fn_env: 8,
-    lfn_uv: 20,
-    cfn_uv: 32,
-    uv_size: 24,
-    uv_closed: 6,
-    uv_tv: 8,
-    ud_size: 24,
-    ud_env: 8,
-    ud_len: 12,
-    ud_meta: 16,
-    cd_size: 8,
-    cd_ctypeid: 6,
-    ctype_size: 16,
-    tr_size: 96,
-    tr_nsnap: 6,
-    tr_nins: 8,
-    tr_nk: 24,
-    tr_nsnapmap: 28,
-};
-/// sizeof(Node): value, key, next (and GC32's freetop).
-pub const NODE: u64 = 24;
+impl Objects {
+    /// The objects' layout the capture names (`named`), GC64 or not.
+    pub fn new(named: &[(String, u32)], gc64: bool) -> Objects {
+        let reference = if gc64 { UPSTREAM_GC64 } else { UPSTREAM_GC32 };
+        let o = Offsets::from_named(named);
+        let v = |own: u32, fallback: u32| u64::from(if own == ABSENT { fallback } else { own });
+        let r = &reference;
+        Objects {
+            refsize: if gc64 { 8 } else { 4 },
+            gct: if gc64 { 9 } else { 5 },
+            tab_size: v(o.tab_size, r.tab_size),
+            tab_colo: v(o.tab_colo, r.tab_colo),
+            tab_array: v(o.tab_array, r.tab_array),
+            tab_meta: v(o.tab_meta, r.tab_meta),
+            tab_node: v(o.tab_node, r.tab_node),
+            tab_asize: v(o.tab_asize, r.tab_asize),
+            tab_hmask: v(o.tab_hmask, r.tab_hmask),
+            fn_env: v(o.fn_env, r.fn_env),
+            lfn_uv: v(o.lfn_uv, r.lfn_uv),
+            cfn_uv: v(o.cfn_uv, r.cfn_uv),
+            uv_size: v(o.uv_size, r.uv_size),
+            uv_closed: v(o.uv_closed, r.uv_closed),
+            uv_tv: v(o.uv_tv, r.uv_tv),
+            ud_size: v(o.ud_size, r.ud_size),
+            ud_env: v(o.ud_env, r.ud_env),
+            ud_len: v(o.ud_len, r.ud_len),
+            ud_meta: v(o.ud_meta, r.ud_meta),
+            cd_size: v(o.cd_size, r.cd_size),
+            cd_ctypeid: v(o.cd_ctypeid, r.cd_ctypeid),
+            ctype_size: v(o.ctype_size, r.ctype_size),
+            tr_size: v(o.tr_size, r.tr_size),
+            tr_nsnap: v(o.tr_nsnap, r.tr_nsnap),
+            tr_nins: v(o.tr_nins, r.tr_nins),
+            tr_nk: v(o.tr_nk, r.tr_nk),
+            tr_nsnapmap: v(o.tr_nsnapmap, r.tr_nsnapmap),
+            node_size: v(o.node_size, r.node_size),
+            l_env: v(o.l_env, r.l_env),
+        }
+    }
+}

@@ -10,10 +10,10 @@
 //! first root that reaches it. The paths form a tree whose widths are retained bytes.
 
 pub mod luajit;
-mod luajit_layouts;
+mod luajit_objects;
 mod memory;
 pub mod puc;
-mod puc_layouts;
+
 pub mod report;
 mod stripped;
 

@@ -10,10 +10,12 @@ use anyhow::{bail, Result};
 use lrec_format::LuaHeap;
 use rustc_hash::FxHashSet;
 
-use super::puc_layouts::{Release, R51, R52, R53, R54, R55};
 use super::{Detail, Kind, Memory, Object, Via, VmHeap};
 
+mod layout;
 mod values;
+
+use layout::Release;
 
 /// Most objects followed along one list, and most slots read from one table.
 const MAX_LIST: usize = 100_000_000;
@@ -51,7 +53,7 @@ struct Parts {
 /// One PUC Lua VM's heap in a snapshot's memory.
 pub struct Heap<'a> {
     mem: &'a Memory,
-    r: &'static Release,
+    r: Release,
     g: u64,
     main: u64,
     registry: Option<u64>,
@@ -60,14 +62,14 @@ pub struct Heap<'a> {
 
 impl<'a> Heap<'a> {
     pub fn new(mem: &'a Memory, vm: &LuaHeap) -> Result<Heap<'a>> {
-        let r = match vm.vm.as_str() {
-            "Lua 5.1" => &R51,
-            "Lua 5.2" => &R52,
-            "Lua 5.3" => &R53,
-            "Lua 5.4" => &R54,
-            "Lua 5.5" => &R55,
-            other => bail!("the heap of {other} cannot be read by this lanalyze (5.1–5.5 can)"),
+        let minor = match vm.vm.strip_prefix("Lua 5.").and_then(|m| m.parse().ok()) {
+            Some(m @ 1..=5) => m,
+            _ => bail!(
+                "the heap of {} cannot be read by this lanalyze (5.1–5.5 can)",
+                vm.vm
+            ),
         };
+        let r = Release::new(minor, &vm.offsets)?;
         let mut heap = Heap {
             mem,
             r,
@@ -76,9 +78,10 @@ impl<'a> Heap<'a> {
             registry: None,
             warnings: RefCell::new(Vec::new()),
         };
+        let r = &heap.r;
         heap.main = match r.minor {
-            // 5.5: the main thread lives in global_State (after LUA_EXTRASPACE).
-            5 => vm.g + r.g_mainthread + r.extra,
+            // 5.5: the main thread lives in global_State.
+            5 => vm.g + r.g_mainthread,
             _ => mem.u64(vm.g + r.g_mainthread).unwrap_or(0),
         };
         if heap.main == 0 || mem.u64(heap.main + r.l_g) != Some(vm.g) {
@@ -91,7 +94,7 @@ impl<'a> Heap<'a> {
             );
         }
         heap.registry = heap
-            .tv_gc(vm.g + r.g_registry)
+            .tv_gc(vm.g + heap.r.g_registry)
             .filter(|&(t, _)| t == Tag::Table)
             .map(|(_, p)| p);
         if heap.registry.is_none() {
@@ -128,7 +131,7 @@ impl<'a> Heap<'a> {
     /// 5.3's upvalues, which no list holds: those of every Lua closure, and the open ones
     /// of every thread.
     fn upvalues_53(&self, out: &mut Vec<Object>, seen: &mut FxHashSet<u64>) {
-        let r = self.r;
+        let r = &self.r;
         let (closures, threads): (Vec<u64>, Vec<u64>) = (
             out.iter()
                 .filter(|o| {
@@ -151,7 +154,7 @@ impl<'a> Heap<'a> {
             }
         };
         for c in closures {
-            let n = self.mem.u8(c + 10).unwrap_or(0) as u64;
+            let n = self.mem.u8(c + r.cl_nupvalues).unwrap_or(0) as u64;
             for i in 0..n {
                 add(self.ptr(c + r.lcl_uv + 8 * i), out);
             }
@@ -168,7 +171,7 @@ impl<'a> Heap<'a> {
     }
 
     fn thread_size(&self, l: u64) -> u64 {
-        let r = self.r;
+        let r = &self.r;
         let stack = match r.minor {
             4.. => {
                 let slots = self
@@ -205,10 +208,12 @@ impl<'a> Heap<'a> {
     }
 
     fn proto_size(&self, p: u64) -> u64 {
-        let r = self.r;
+        let r = &self.r;
         let n = |off: u64| self.int(p + off);
         // 5.5's PF_FIXED: code and line info in memory the collector does not count.
-        let fixed = r.minor == 5 && self.mem.u8(p + 11).is_some_and(|f| f & 4 != 0);
+        let fixed = r
+            .pt_flag
+            .is_some_and(|at| self.mem.u8(p + at).is_some_and(|f| f & 4 != 0));
         let code = match fixed {
             true => 0,
             false => {
@@ -228,10 +233,10 @@ impl<'a> Heap<'a> {
 
 impl VmHeap for Heap<'_> {
     fn census(&self) -> Vec<Object> {
-        let r = self.r;
+        let r = &self.r;
         let mut seen = FxHashSet::default();
         let mut out = Vec::new();
-        for &list in r.g_lists {
+        for &list in &r.g_lists {
             self.list(self.ptr(self.g + list), 0, &mut seen, &mut out);
         }
         if let Some(ring) = r.g_ring {
@@ -296,7 +301,7 @@ impl VmHeap for Heap<'_> {
     }
 
     fn object_at(&self, addr: u64) -> Option<Object> {
-        let r = self.r;
+        let r = &self.r;
         let (kind, size) = match self.header_tag(addr)? {
             Tag::Str => (Kind::String, self.str_size(addr)?),
             Tag::Table => {
@@ -316,21 +321,21 @@ impl VmHeap for Heap<'_> {
                 (Kind::Table, r.t_size + array + hash)
             }
             Tag::LClosure => {
-                let n = self.mem.u8(addr + 11 - (r.minor > 1) as u64)? as u64;
+                let n = self.mem.u8(addr + r.cl_nupvalues)? as u64;
                 (Kind::Function, r.lcl_base + 8 * n)
             }
             Tag::CClosure => {
-                let n = self.mem.u8(addr + 11 - (r.minor > 1) as u64)? as u64;
+                let n = self.mem.u8(addr + r.cl_nupvalues)? as u64;
                 (Kind::Function, r.ccl_base + 16 * n)
             }
             Tag::Udata => {
                 let len = self.mem.u64(addr + r.ud_len)?;
                 let size = match r.minor {
-                    4.. => match self.mem.u16(addr + 10)? as u64 {
-                        0 => 32 + len,
+                    4.. => match self.mem.u16(addr + r.ud_nuvalue?)? as u64 {
+                        0 => r.ud_size0 + len,
                         nuv => r.ud_uv + 16 * nuv + len,
                     },
-                    _ => 40 + len,
+                    _ => r.ud_size0 + len,
                 };
                 (Kind::Userdata, size)
             }
@@ -342,7 +347,7 @@ impl VmHeap for Heap<'_> {
     }
 
     fn roots(&self) -> Vec<(String, u64)> {
-        let r = self.r;
+        let r = &self.r;
         let mut roots = Vec::new();
         if let Some(loaded) = self.registry.and_then(|reg| self.field(reg, "_LOADED")) {
             roots.push(("package.loaded".to_string(), loaded));
@@ -369,7 +374,7 @@ impl VmHeap for Heap<'_> {
     }
 
     fn refs(&self, obj: &Object, out: &mut Vec<(Via, u64)>) {
-        let r = self.r;
+        let r = &self.r;
         let a = obj.addr;
         let mut push = |via: Via, p: Option<u64>| {
             if let Some(p) = p.filter(|&p| p != 0) {
@@ -438,7 +443,7 @@ impl VmHeap for Heap<'_> {
                 }
                 let p = self.ptr(a + r.lcl_p);
                 let names = self.upvalue_names(p);
-                let n = self.mem.u8(a + 11 - (r.minor > 1) as u64).unwrap_or(0) as u64;
+                let n = self.mem.u8(a + r.cl_nupvalues).unwrap_or(0) as u64;
                 let of = super::defined_at(self.detail(obj));
                 for i in 0..n {
                     let name = names.get(i as usize).cloned().unwrap_or(i.to_string());
@@ -451,7 +456,7 @@ impl VmHeap for Heap<'_> {
                 if let Some(env) = r.cl_env {
                     push(Via::Env, Some(self.ptr(a + env)));
                 }
-                let n = self.mem.u8(a + 11 - (r.minor > 1) as u64).unwrap_or(0) as u64;
+                let n = self.mem.u8(a + r.cl_nupvalues).unwrap_or(0) as u64;
                 for i in 0..n {
                     let v = self.tv_gc(a + r.ccl_uv + 16 * i).map(|(_, p)| p);
                     push(Via::Upvalue((i + 1).to_string()), v);
@@ -496,15 +501,18 @@ impl VmHeap for Heap<'_> {
             Tag::Udata => {
                 push(Via::Metatable, Some(self.ptr(a + r.ud_meta)));
                 match r.minor {
-                    1 | 2 => push(Via::Env, Some(self.ptr(a + 24))),
+                    1 | 2 => push(Via::Env, r.ud_env.map(|at| self.ptr(a + at))),
                     3 => {
-                        let tt = self.mem.u8(a + 10).unwrap_or(0) as u32;
+                        let tt = self.mem.u8(a + r.ud_uvtag.unwrap_or(10)).unwrap_or(0) as u32;
                         if self.tag_of(tt).is_some() {
-                            push(Via::Env, Some(self.ptr(a + 32)));
+                            push(Via::Env, r.ud_env.map(|at| self.ptr(a + at)));
                         }
                     }
                     _ => {
-                        let nuv = self.mem.u16(a + 10).unwrap_or(0) as u64;
+                        let nuv = r
+                            .ud_nuvalue
+                            .map_or(0, |at| self.mem.u16(a + at).unwrap_or(0))
+                            as u64;
                         for i in 0..nuv {
                             let v = self.tv_gc(a + r.ud_uv + 16 * i).map(|(_, p)| p);
                             push(Via::Upvalue((i + 1).to_string()), v);
@@ -517,7 +525,7 @@ impl VmHeap for Heap<'_> {
     }
 
     fn gc_total(&self) -> u64 {
-        let r = self.r;
+        let r = &self.r;
         let total = self.ptr(self.g + r.g_totalbytes) as i64;
         let debt = r.g_debt.map_or(0, |d| self.ptr(self.g + d) as i64);
         // gettotalbytes: 5.2–5.4 add the debt, 5.5 subtracts it.
@@ -532,7 +540,7 @@ impl VmHeap for Heap<'_> {
     }
 
     fn detail(&self, obj: &Object) -> Option<Detail> {
-        let r = self.r;
+        let r = &self.r;
         let p = match (obj.kind, self.header_tag(obj.addr)?) {
             (Kind::Proto, _) => obj.addr,
             (Kind::Function, Tag::LClosure) => self.ptr(obj.addr + r.lcl_p),
@@ -571,7 +579,7 @@ impl VmHeap for Heap<'_> {
 impl Heap<'_> {
     /// The names of proto `p`'s upvalues.
     fn upvalue_names(&self, p: u64) -> Vec<String> {
-        let r = self.r;
+        let r = &self.r;
         let n = self.int(p + r.pt_sizeupvalues).min(256);
         let uvs = self.ptr(p + r.pt_upvalues);
         (0..n)

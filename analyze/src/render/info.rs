@@ -81,7 +81,12 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "Lua VMs ({})", profile.lua_vms.len())?;
         for v in &profile.lua_vms {
             let layout = match &v.error {
-                Some(_) => "layout not identified: native stacks only".to_string(),
+                // lrec's line: "…, but WHY; recording native stacks only".
+                Some(e) => {
+                    let why = e.split_once(", but ").map_or(e.as_str(), |(_, w)| w);
+                    let why = why.split("; recording native").next().unwrap_or(why);
+                    format!("native stacks only: {why}")
+                }
                 None => format!("layout {}", v.layout),
             };
             let puc = v.vm.starts_with("Lua 5.");

@@ -43,12 +43,12 @@ impl Heap<'_> {
     /// The type of the object at `addr`, from its header.
     pub(super) fn header_tag(&self, addr: u64) -> Option<Tag> {
         let tt = self.mem.u8(addr + 8)?;
-        let r = self.r;
+        let r = &self.r;
         Some(match (r.minor, tt) {
             (_, 4) => Tag::Str,
             (2.., 20) => Tag::Str,
             (_, 5) => Tag::Table,
-            (1, 6) => match self.mem.u8(addr + 10)? {
+            (1, 6) => match self.mem.u8(addr + r.cl_isc?)? {
                 0 => Tag::LClosure,
                 _ => Tag::CClosure,
             },
@@ -71,13 +71,13 @@ impl Heap<'_> {
 
     /// A string's size as its release frees it (5.5: a long string's kind decides).
     pub(super) fn str_size(&self, s: u64) -> Option<u64> {
-        let (r, len) = (self.r, self.str_len(s)?);
+        let (r, len) = (&self.r, self.str_len(s)?);
         if r.minor < 5 || self.mem.u8(s + 8)? == 4 {
             return Some(r.s_data + len + 1);
         }
         // luaS_sizelngstr: LSTRREG holds its bytes after `falloc`'s offset; LSTRFIX
         // (fixed external bytes) stops there; LSTRMEM keeps falloc and ud.
-        Some(match self.mem.u8(s + 11)? as i8 {
+        Some(match self.mem.u8(s + r.s_shrlen?)? as i8 {
             -1 => r.s_data + 8 + len + 1,
             -2 => r.s_data + 8,
             _ => r.s_data + 24,
@@ -117,19 +117,19 @@ impl Heap<'_> {
 
     /// The array and node parts of table `t`.
     pub(super) fn table_parts(&self, t: u64) -> Option<Parts> {
-        let r = self.r;
+        let r = &self.r;
         let mut asize = self.mem.u32(t + r.t_sizearray)? as u64;
-        if r.minor == 4 && self.mem.u8(t + 10)? & 0x80 != 0 && !asize.is_power_of_two() {
+        if r.minor == 4 && self.mem.u8(t + r.t_flags)? & 0x80 != 0 && !asize.is_power_of_two() {
             // luaH_realasize: 'alimit' is not the size; the size is the next power of 2.
             asize = asize.next_power_of_two();
         }
-        let lsizenode = self.mem.u8(t + 11)? as u32;
+        let lsizenode = self.mem.u8(t + r.t_lsizenode)? as u32;
         let node = self.ptr(t + r.t_node);
         let nodes = 1u64 << lsizenode.min(40);
         // The shared dummy node is static (not in the heap copy); 5.3 and 5.4 mark it
         // with lastfree == NULL, 5.5 with a flag.
         let allocated = match r.minor {
-            5 => self.mem.u8(t + 10)? & (1 << 6) == 0,
+            5 => self.mem.u8(t + r.t_flags)? & (1 << 6) == 0,
             3.. => self.ptr(t + r.t_lastfree) != 0,
             _ => self.mem.u8(node).is_some(),
         };
@@ -152,7 +152,7 @@ impl Heap<'_> {
 
     /// A node's key, when collectable.
     pub(super) fn node_key(&self, n: u64) -> Option<(Tag, u64)> {
-        let r = self.r;
+        let r = &self.r;
         let tt = match r.minor {
             4.. => self.mem.u8(n + r.node_key_tt)? as u32,
             _ => self.mem.u32(n + r.node_key_tt)?,
