@@ -395,6 +395,22 @@ fn unwind_sample(
                         })
                         .collect();
                 }
+                // A LuaJIT VM without its Lua frames: its work (a trace, a helper, its
+                // frames found by searching) shows as one frame.
+                None if hint.is_some() => {
+                    let vm = frames.id(UserFrame::LuaState("[LuaJIT VM]"));
+                    out.user.clear();
+                    for a in stack.frames.iter() {
+                        let id = if a.vm_work {
+                            vm
+                        } else {
+                            frames.id(locate(space, a))
+                        };
+                        if !(a.vm_work && out.user.last() == Some(&vm)) {
+                            out.user.push(id);
+                        }
+                    }
+                }
                 None => {
                     out.user = stack
                         .frames

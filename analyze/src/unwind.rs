@@ -197,7 +197,9 @@ impl Search<'_> {
             .find(|&c| self.completes(c, vm, known, rules))
     }
 
-    /// Whether unwinding from the VM's code with the stack pointer at `c` completes.
+    /// Whether unwinding from the VM's code with the stack pointer at `c` completes: the VM's
+    /// frame has a caller (a zero word there is no frame), and a frame outside the VM ends
+    /// the stack.
     fn completes(
         &self,
         c: u64,
@@ -216,7 +218,7 @@ impl Search<'_> {
         };
         let mut uregs = UnwindRegsX86_64::new(vm.any_vm_address(), c, 0);
         let mut address = FrameAddress::InstructionPointer(vm.any_vm_address());
-        for _ in 0..MAX_FRAMES {
+        for depth in 0..MAX_FRAMES {
             let (avma, is_return) = match address {
                 FrameAddress::InstructionPointer(a) => (a, false),
                 FrameAddress::ReturnAddress(a) => (a.get(), true),
@@ -231,11 +233,12 @@ impl Search<'_> {
                 .unwinder
                 .unwind_frame(address, &mut uregs, rules, &mut read_stack)
             {
+                // The VM's own caller is C code that called into it.
                 Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
-                    Some(a) => address = a,
-                    None => return false,
+                    Some(a) if depth > 0 || !vm.in_vm(a.address_for_lookup()) => address = a,
+                    _ => return false,
                 },
-                Ok(None) => return true,
+                Ok(None) => return depth > 0,
                 Err(_) => return false,
             }
         }
@@ -270,6 +273,9 @@ pub fn unwind_user<'c>(
     let mut without_unwind_info = Vec::new();
     let mut uregs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
     let mut address = FrameAddress::InstructionPointer(regs.ip);
+    // The next frame stands for a VM C frame found by searching (its address is any of
+    // the interpreter's): the VM's work, not a place in its code.
+    let mut searched = false;
     let end = loop {
         if frames.len() >= MAX_FRAMES {
             break StackEnd::Truncated;
@@ -294,7 +300,7 @@ pub fn unwind_user<'c>(
             is_return,
             region: executable,
             sp: frame_sp,
-            vm_work: false,
+            vm_work: std::mem::take(&mut searched),
         });
         if let Some(vm) = vm {
             let in_vm = vm.in_vm(lookup);
@@ -307,7 +313,7 @@ pub fn unwind_user<'c>(
             // Compiled code is always Lua frames' work, also above the innermost C frame
             // (a trace that called C code which called back into Lua).
             if let Some(f) = frames.last_mut() {
-                f.vm_work = jit_code || (in_vm && frame_sp < vm.innermost);
+                f.vm_work |= jit_code || (in_vm && frame_sp < vm.innermost);
             }
             if jit_code || off_cframe {
                 if let Some(cf) = vm.cframe_above(frame_sp) {
@@ -328,11 +334,12 @@ pub fn unwind_user<'c>(
                 };
                 if let Some(cf) = search.cframe(frame_sp, &vm, known, &mut cache.rules) {
                     if let Some(f) = frames.last_mut() {
-                        f.vm_work = cf != frame_sp;
+                        f.vm_work |= cf != frame_sp || jit_code;
                     }
                     if cf != frame_sp || jit_code {
                         uregs.set_sp(cf);
                         address = FrameAddress::InstructionPointer(vm.any_vm_address());
+                        searched = true;
                         continue;
                     }
                 }
