@@ -535,11 +535,14 @@ impl Run<'_, '_> {
         match ins.op_kind(i) {
             OpKind::Register => {
                 let r = ins.op_register(i);
+                // A write to a low part keeps the value computed (its low bits are what
+                // code reads back); the high byte registers hold no value of their own.
                 if let Some(n) = gpr(r) {
-                    s.regs[n] = if r.is_gpr8() || r.is_gpr16() {
-                        Expr::Opaque(ins.ip())
-                    } else {
-                        v
+                    s.regs[n] = match r {
+                        Register::AH | Register::BH | Register::CH | Register::DH => {
+                            Expr::Opaque(ins.ip())
+                        }
+                        _ => v,
                     };
                 }
             }

@@ -49,6 +49,7 @@ named_offsets! {
         pt_sizebc = "pt.sizebc",
         pt_k = "pt.k",
         pt_sizept = "pt.sizept",
+        pt_flags = "pt.flags",
         pt_chunkname = "pt.chunkname",
         pt_firstline = "pt.firstline",
         pt_numline = "pt.numline",

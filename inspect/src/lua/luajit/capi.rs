@@ -13,6 +13,8 @@ use super::learn::Facts;
 
 const AR_SOURCE: i64 = 32;
 const AR_SHORT_SRC: i64 = 56;
+/// LuaJIT's own `lj_Debug` extends lua_Debug with `nparams` and `isvararg`.
+const AR_ISVARARG: i64 = 124;
 
 /// Whether `e` is a function's bytecode pointer, `[fn + fn.pc]`.
 fn is_pc(e: &Expr, fn_pc: i64) -> bool {
@@ -49,6 +51,7 @@ fn getinfo(code: &Code, start: u64, fn_pc: i64, f: &mut Facts) {
     // lj_debug_line (or any callee taking the proto) is given: bytecode - sizeof.
     let mut chunkname = None;
     let mut firstline = None;
+    let mut flags = None;
     let mut line_fn = None;
     for e in &events {
         match e {
@@ -60,6 +63,16 @@ fn getinfo(code: &Code, start: u64, fn_pc: i64, f: &mut Facts) {
                 if let Some((c, _)) = from_pc(name, fn_pc) {
                     chunkname = Some(c);
                     f.set("str.data", data, SRC);
+                }
+            }
+            // ar->isvararg = !!(pt->flags & PROTO_VARARG): a byte of the proto, masked.
+            Event::Store { addr, value, .. } if *addr == ar.clone().offset(AR_ISVARARG) => {
+                let mut v = value;
+                while let Expr::Bin(Op::And | Op::Shr, a, _) = v {
+                    v = a;
+                }
+                if let Some((c, 1)) = from_pc(v, fn_pc) {
+                    flags = Some(c);
                 }
             }
             Event::Call { args, target, .. } => {
@@ -93,6 +106,9 @@ fn getinfo(code: &Code, start: u64, fn_pc: i64, f: &mut Facts) {
     }
     if let Some(c) = firstline {
         f.set("pt.firstline", c + size, SRC);
+    }
+    if let Some(c) = flags {
+        f.set("pt.flags", c + size, SRC);
     }
     const LINE: &str = "lj_debug_line's code";
     f.set("pt.lineinfo", lines.lineinfo, LINE);

@@ -69,6 +69,7 @@ const DWARF_FIELDS: &[(&str, &str)] = &[
     ("pt.sizebc", "GCproto.sizebc"),
     ("pt.k", "GCproto.k"),
     ("pt.sizept", "GCproto.sizept"),
+    ("pt.flags", "GCproto.flags"),
     ("pt.chunkname", "GCproto.chunkname"),
     ("pt.firstline", "GCproto.firstline"),
     ("pt.numline", "GCproto.numline"),
