@@ -60,7 +60,6 @@ pub struct Assembled {
 impl Assembly<'_> {
     /// Assembles the fields `names` from `f`.
     pub fn run(&self, f: &Facts, names: &[&'static str]) -> Assembled {
-        let agrees = self.agrees(f);
         let mut named = Vec::new();
         let mut sources = Vec::new();
         for &name in names {
@@ -69,14 +68,11 @@ impl Assembly<'_> {
                 (Some(v), f.source(name).map(str::to_string))
             } else if let Some((v, why)) = self.between(f, name) {
                 (Some(v), Some(why))
-            } else if reference.is_some() && (agrees || self.fixed.contains(&name)) {
-                let why = match agrees {
-                    true => format!(
-                        "as in {} (all the binary shows agrees)",
-                        self.reference_name
-                    ),
-                    false => format!("as in {}", self.reference_name),
-                };
+            } else if reference.is_some() && (self.agrees(f, name) || self.fixed.contains(&name)) {
+                let why = format!(
+                    "as in {} (nothing the binary shows of this struct differs)",
+                    self.reference_name
+                );
                 (reference, Some(why))
             } else {
                 (None, None)
@@ -96,14 +92,21 @@ impl Assembly<'_> {
             .map(|(_, v)| i64::from(*v))
     }
 
-    /// Whether every field the evidence gives has the reference's value (also when it
-    /// gives none: a stripped host that exports nothing, which the live process proves).
-    fn agrees(&self, f: &Facts) -> bool {
-        self.reference
-            .iter()
-            .filter(|(_, v)| *v != ABSENT)
-            .all(|(name, v)| f.get(name).is_none_or(|found| found == i64::from(*v)))
-            && f.conflicts.is_empty()
+    /// Whether every field the evidence gives of `name`'s struct (its fields share the
+    /// prefix before the dot) has the reference's value, also when it gives none: a struct
+    /// no code reads, or a stripped host that exports nothing, which the live process
+    /// proves. Conflicting evidence agrees with nothing.
+    fn agrees(&self, f: &Facts, name: &str) -> bool {
+        let prefix = match name.find('.') {
+            Some(dot) => &name[..=dot],
+            None => name,
+        };
+        f.conflicts.is_empty()
+            && self
+                .reference
+                .iter()
+                .filter(|(k, v)| k.starts_with(prefix) && *v != ABSENT)
+                .all(|(k, v)| f.get(k).is_none_or(|found| found == i64::from(*v)))
     }
 
     /// A field no evidence gave, placed from the reference where the proved fields of its
@@ -126,6 +129,28 @@ impl Assembly<'_> {
             .iter()
             .filter(|(k, r, _)| *r <= t && Some(*k) != *end)
             .max_by_key(|(_, r, _)| *r)?;
+        // The struct's size, after its last field when that field is proved: sizeof is
+        // where the reference puts it after that field (a field added at the very end of
+        // a struct no code reads would not show).
+        if Some(name) == *end {
+            let last = self
+                .reference
+                .iter()
+                .filter(|(k, v)| {
+                    k.starts_with(prefix) && *v != ABSENT && place(k) && Some(k.as_str()) != *end
+                })
+                .map(|(_, v)| i64::from(*v))
+                .max()?;
+            return (below.1 == last).then(|| {
+                (
+                    below.2 + (t - below.1),
+                    format!(
+                        "after {}, the last field, as in {}",
+                        below.0, self.reference_name
+                    ),
+                )
+            });
+        }
         let above = anchors
             .iter()
             .filter(|(k, r, _)| *r > t || (Some(*k) == *end && *k != below.0))

@@ -30,6 +30,7 @@ named_offsets! {
         l_savedpc = "L.savedpc",
         l_nci = "L.nci",
         l_gt = "L.gt",
+        g_frealloc = "g.frealloc",
         g_strt = "g.strt",
         g_registry = "g.registry",
         g_mainthread = "g.mainthread",

@@ -34,7 +34,11 @@ impl Learned {
             .sources
             .iter()
             .map(|(_, s)| s.split(" (").next().unwrap_or(s))
-            .filter(|s| !s.starts_with("between") && !s.starts_with("as in"))
+            .filter(|s| {
+                !["between", "as in", "after"]
+                    .iter()
+                    .any(|p| s.starts_with(p))
+            })
             .collect();
         kinds.sort_unstable();
         kinds.dedup();

@@ -44,6 +44,133 @@ pub fn facts(code: &Code, minor: u32, f: &mut Facts) {
     getinfo(code, minor, f);
     tocfunction(code, f);
     upvalueid(code, f);
+    if minor >= 2 {
+        newstate(code, f);
+    }
+    newthread(code, f);
+}
+
+/// `lua_newthread`: a thread object of sizeof(LX) bytes, its lua_State `extra` bytes in
+/// (5.4+: `luaC_newobjdt(L, LUA_TTHREAD, sizeof(LX), offsetof(LX, l))`; 5.3: the object's
+/// address plus the offset is returned).
+fn newthread(code: &Code, f: &mut Facts) {
+    const SRC: &str = "lua_newthread's code";
+    let events = events(code, "lua_newthread", 0).unwrap_or_default();
+    for e in &events {
+        let Event::Call { at, args, .. } = e else {
+            continue;
+        };
+        let consts: Vec<i64> = args
+            .iter()
+            .map(|a| match a {
+                Expr::Const(c) => *c,
+                _ => -1,
+            })
+            .collect();
+        // The type (LUA_TTHREAD, 8), then the size, then (5.4+) the offset.
+        let Some(t) = consts
+            .windows(2)
+            .position(|w| w[0] == 8 && (64..1024).contains(&w[1]))
+        else {
+            continue;
+        };
+        let size = consts[t + 1];
+        let extra = match consts.get(t + 2) {
+            Some(&e) if (0..64).contains(&e) => Some(e),
+            _ => events.iter().find_map(|r| match r {
+                Event::Return { value, .. } => match value.split() {
+                    (Some(Expr::Ret(c)), k) if c == at => Some(k),
+                    _ => None,
+                },
+                _ => None,
+            }),
+        };
+        if let Some(extra) = extra {
+            f.set("L.extra", extra, SRC);
+            f.set("L.size", size - extra, SRC);
+            return;
+        }
+    }
+}
+
+/// `lua_newstate` (5.2+): `l = (*f)(ud, NULL, LUA_TTHREAD, sizeof(LG))`, then the main
+/// thread and the global state set up in that block: `L->l_G = g`, `g->frealloc = f`,
+/// `g->allgc = L` (5.2–5.4: LG holds the thread's LX, then global_State; 5.5: the
+/// global state holds the main thread).
+fn newstate(code: &Code, f: &mut Facts) {
+    const SRC: &str = "lua_newstate's code";
+    let Some(l_g) = f.get("L.G") else {
+        return;
+    };
+    let events = events(code, "lua_newstate", 0).unwrap_or_default();
+    let Some((block, size)) = events.iter().find_map(|e| match e {
+        Event::Call {
+            at,
+            target: None,
+            args,
+        } => match (args.get(1), args.get(2), args.get(3)) {
+            (Some(Expr::Const(0)), Some(Expr::Const(8)), Some(Expr::Const(s)))
+                if (256..65536).contains(s) =>
+            {
+                Some((Expr::Ret(*at), *s))
+            }
+            _ => None,
+        },
+        _ => None,
+    }) else {
+        return;
+    };
+    // An offset in the block: its stores' addresses and values.
+    let at = |e: &Expr| match e.split() {
+        (Some(b), k) if *b == block => Some(k),
+        _ if *e == block => Some(0),
+        _ => None,
+    };
+    let stores: Vec<(i64, &Expr)> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Store {
+                addr,
+                value,
+                size: 8,
+                ..
+            } => Some((at(addr)?, value)),
+            _ => None,
+        })
+        .collect();
+    // L->l_G = g: the main thread at `l`, the global state at `g`.
+    let Some((l, g)) = stores
+        .iter()
+        .find_map(|&(a, v)| Some((a - l_g, at(v)?)).filter(|&(l, g)| l >= 0 && g != l))
+    else {
+        return;
+    };
+    if g > l {
+        f.set("L.extra", l, SRC);
+        f.set("L.size", g - l, SRC);
+        f.set("g.size", size - g, SRC);
+    } else {
+        f.set("g.mainthread", l - g, SRC);
+        f.set("g.size", size, SRC);
+    }
+    let main = f.get("g.mainthread");
+    for &(a, v) in &stores {
+        if *v == Expr::Arg(0) {
+            f.set("g.frealloc", a - g, SRC);
+        }
+        // g->allgc = L (and g->mainthread = L, before 5.5), not a field of L itself: a
+        // field of global_State before its main thread (5.5), or after the thread (before).
+        let in_g = match g > l {
+            true => a >= g,
+            false => a < l,
+        };
+        if at(v) == Some(l) && in_g && Some(a - g) != main {
+            f.set("g.allgc", a - g, SRC);
+        }
+        if *v == Expr::Const(size) && a > g {
+            f.set("g.totalbytes", a - g, SRC);
+        }
+    }
 }
 
 /// `lua_tocfunction`: `return clCvalue(o)->f` for a C closure.

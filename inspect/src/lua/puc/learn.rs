@@ -30,7 +30,11 @@ impl Learned {
             .sources
             .iter()
             .map(|(_, s)| s.split(" (").next().unwrap_or(s))
-            .filter(|s| !s.starts_with("between") && !s.starts_with("as in"))
+            .filter(|s| {
+                !["between", "as in", "after"]
+                    .iter()
+                    .any(|p| s.starts_with(p))
+            })
             .collect();
         kinds.sort_unstable();
         kinds.dedup();
@@ -56,6 +60,7 @@ const DWARF_FIELDS: &[(&str, &str)] = &[
     ("L.gt", "lua_State.l_gt"),
     ("L.size", "lua_State"),
     ("L.extra", "LX.l"),
+    ("g.frealloc", "global_State.frealloc"),
     ("g.strt", "global_State.strt"),
     ("g.registry", "global_State.l_registry"),
     ("g.finobj", "global_State.finobj"),
