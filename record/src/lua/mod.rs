@@ -16,26 +16,18 @@ mod puc_proof;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use lrec_format::{
-    lua_flags, lua_frame_kind, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample,
-};
+use lrec_format::{lua_flags, LuaFrame, LuaRuntime, LuaStack, Record, Sample};
 use rustc_hash::FxHashMap;
 
 use lrec_inspect::lua::named::ABSENT;
 
 use crate::raw::{
-    LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, FRAME_CHECK_PROTO,
-    MAX_LUA_RANGES,
+    LuaWalk, RawLuaConfig, RawLuaProto, RawPucConfig, FRAME_CHECK_PROTO, MAX_LUA_RANGES,
 };
 use lrec_inspect::lua::luajit::learn::Learned;
 use lrec_inspect::lua::luajit::Layout;
 use lrec_inspect::lua::puc::learn::Learned as PucLearned;
 use lrec_inspect::lua::puc::Layout as PucLayout;
-
-/// Samples whose running state must read as a PUC layout says before it is used, and
-/// lrec's time per process for proving it.
-const PUC_PROOFS: u32 = 3;
-const PUC_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The interpreter's code in one mapped binary: LuaJIT's, as found in its .eh_frame, or
 /// PUC Lua's luaV_execute.
@@ -141,6 +133,8 @@ macro_rules! proto_key {
 // After proto_key!, which it uses.
 pub(crate) mod check;
 mod detect;
+mod protos;
+mod puc_detect;
 mod reuse;
 
 /// The Lua VMs of every recorded process.
@@ -289,125 +283,6 @@ impl LuaVms {
         p.detection = Detection::Ready(Box::new(layout), traces);
         self.configs.extend(p.config().map(|c| (pid, c)));
         self.records.push(Record::LuaRuntime(r));
-    }
-
-    /// A PUC Lua interpreter: its layout, learned from the binary, is proved on its first
-    /// samples (or, when a process running the same binary proved it, used at once).
-    fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
-        if self.puc.contains_key(&pid) {
-            // One PUC Lua per process: the first found.
-            return;
-        }
-        let proved = self.puc.values().find_map(|p| match &p.detection {
-            Detection::Puc(l) if p.path == path => Some((**l).clone()),
-            _ => None,
-        });
-        let learned = self.learned_puc.get(path).cloned();
-        let detection = match (proved, &learned) {
-            (Some(l), _) => Detection::Puc(Box::new(l)),
-            (None, Some(Ok(l))) if l.missing.is_empty() => Detection::PucPending {
-                layout: Box::new(l.clone()),
-                proofs: (0, 0),
-                tries: 0,
-            },
-            _ => Detection::Failed,
-        };
-        let p = ProcessVm::new(pid, path, vec![code], detection);
-        let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
-        let why = match learned {
-            Some(Ok(l)) if l.missing.is_empty() => None,
-            Some(Ok(l)) => Some(format!(
-                "nothing in the binary gives where its build keeps {} (learned: {})",
-                l.missing.join(", "),
-                l.summary()
-            )),
-            Some(Err(e)) => Some(e),
-            None => Some("its binary could not be read to learn its layout".into()),
-        };
-        if let Detection::Puc(l) = &p.detection {
-            r.layout = format!("{} (luaV_execute by {})", l.name, code.found_by);
-            self.puc_configs.push((pid, RawPucConfig::new(l)));
-            self.records.push(Record::LuaRuntime(r));
-        } else if let Some(why) = why.filter(|_| matches!(p.detection, Detection::Failed)) {
-            let msg = format!(
-                "pid {pid}: found Lua 5.{minor}.{patch} in {path}, but {why}; recording \
-                 native stacks only"
-            );
-            r.error = Some(msg.clone());
-            self.messages.push(msg);
-            self.records.push(Record::LuaRuntime(r));
-        }
-        self.puc.insert(pid, p);
-    }
-
-    /// Weighs a sample of process `sample.pid` for or against its pending PUC layout.
-    fn vote_puc(&mut self, sample: &Sample) {
-        let Some(p) = self.puc.get_mut(&sample.pid) else {
-            return;
-        };
-        let Detection::PucPending {
-            layout,
-            proofs,
-            tries,
-        } = &mut p.detection
-        else {
-            return;
-        };
-        let Some(mem) = &p.mem else {
-            return;
-        };
-        let begun = std::time::Instant::now();
-        match puc_proof::proof(mem, &layout.layout, sample) {
-            Some(true) => proofs.0 += 1,
-            Some(false) => proofs.1 += 1,
-            None => {}
-        }
-        let ip = sample.regs.ip;
-        *tries += u32::from(p.code.iter().any(|c| ip >= c.start && ip < c.end));
-        p.voting += begun.elapsed();
-        let ((yes, no), tries) = (*proofs, *tries);
-        let summary = layout.summary();
-        let path = p.path.clone();
-        let found_by = p.code.first().map_or("", |c| c.found_by);
-        if yes >= PUC_PROOFS && yes >= 4 * no {
-            let layout = layout.layout.clone();
-            let pids: Vec<u32> = self
-                .puc
-                .iter()
-                .filter(|(_, q)| {
-                    q.path == path && matches!(q.detection, Detection::PucPending { .. })
-                })
-                .map(|(&pid, _)| pid)
-                .collect();
-            for pid in pids {
-                let q = self.puc.get_mut(&pid).expect("listed above");
-                q.detection = Detection::Puc(Box::new(layout.clone()));
-                let mut r = runtime(pid, q, layout.name.clone());
-                r.vm = format!("Lua 5.{}", layout.minor());
-                if let Some(c) = q.code.first().and_then(|c| c.release) {
-                    r.vm = format!("Lua 5.{}.{}", c.0, c.1);
-                }
-                r.layout = format!("{summary} (luaV_execute by {found_by})");
-                self.puc_configs.push((pid, RawPucConfig::new(&layout)));
-                self.records.push(Record::LuaRuntime(r));
-            }
-        } else if tries >= luajit::TRIES_BEFORE_GIVING_UP || p.voting >= PUC_BUDGET {
-            let what = match (yes, no) {
-                (0, 0) => "no sample found a running state where the layout puts it".into(),
-                _ => format!("{yes} samples read as it says, {no} did not"),
-            };
-            let msg = format!(
-                "pid {}: found a Lua interpreter in {path}, but the layout learned from it \
-                 ({summary}) could not be proved on the running VM: {what}; recording native \
-                 stacks only",
-                sample.pid
-            );
-            p.detection = Detection::Failed;
-            let mut r = runtime(sample.pid, p, "Lua".into());
-            r.error = Some(msg.clone());
-            self.messages.push(msg);
-            self.records.push(Record::LuaRuntime(r));
-        }
     }
 
     /// Keeps a proto BPF copied (from the `lua_protos` ring).
@@ -624,102 +499,6 @@ impl LuaVms {
             frames,
         })
     }
-
-    fn frame(
-        &mut self,
-        f: &RawLuaFrame,
-        proto: impl FnOnce(&mut Self, &RawLuaFrame) -> u32,
-    ) -> LuaFrame {
-        let (kind, function, address) = match f.ffid {
-            0 => (lua_frame_kind::LUA, proto(self, f), 0),
-            1 => (lua_frame_kind::C, u32::MAX, f.ptr),
-            _ => (lua_frame_kind::BUILTIN, u32::MAX, f.ptr),
-        };
-        LuaFrame {
-            kind,
-            builtin: f.ffid,
-            link: f.link,
-            function,
-            address,
-            pos: f.pos,
-            cframe: f.cframe,
-        }
-    }
-
-    /// The id of a frame's proto, reading and writing it the first time. A proto freed
-    /// and replaced at the same address differs in its chunk name, lines or size, and
-    /// gets a new id; one that cannot be read gets `u32::MAX`.
-    fn proto(
-        &mut self,
-        pid: u32,
-        layout: &lrec_inspect::lua::luajit::Offsets,
-        f: &RawLuaFrame,
-    ) -> u32 {
-        let key = proto_key!(pid, f);
-        if let Some(id) = self.protos.get(&key) {
-            return id.unwrap_or(u32::MAX);
-        }
-        // BPF's copy was taken when the sample ran the proto: it names it. The live
-        // proto adds the names of callees, if it still is the same code (its chunk name
-        // and lines may since belong to another: memory is reused after GC).
-        let mem = self.luajit.get(&pid).and_then(|p| p.mem.as_ref());
-        let live = mem.and_then(|m| luajit::read_proto(m, layout, f));
-        let read = match self.copied.remove(&key).map(|c| {
-            let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
-            copied_proto(&c, luajit::lines(raw, c.firstline, c.numline, c.sizebc))
-        }) {
-            Some(copy) => Some(match live {
-                Some(l) if l.chunkname == copy.chunkname && l.lines == copy.lines => l,
-                _ => copy,
-            }),
-            None => live,
-        };
-        self.new_proto(key, read)
-    }
-
-    /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
-    fn puc_proto(&mut self, pid: u32, rel: &PucLayout, f: &RawLuaFrame) -> u32 {
-        let key = proto_key!(pid, f);
-        if let Some(id) = self.protos.get(&key) {
-            return id.unwrap_or(u32::MAX);
-        }
-        let mem = self.puc.get(&pid).and_then(|p| p.mem.as_ref());
-        let read = self.copied.remove(&key).map(|c| {
-            let abi = RawPucConfig::new(rel);
-            let mut p = copied_proto(&c, puc::lines(&c, &abi));
-            // The frame's numline is lastlinedefined.
-            p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
-            // The callees' names, from the live proto if it still is this one.
-            if let Some(code) =
-                mem.and_then(|m| puc::read_code(m, rel, f.ptr, f.chunkname, f.firstline, f.sizebc))
-            {
-                p.callee_names = crate::lua::puc_names::callee_names(&code);
-            }
-            p
-        });
-        self.new_proto(key, read)
-    }
-
-    /// Gives a proto read for `key` its id and queues its record. A chunk name that does
-    /// not read as a name (control bytes, invalid UTF-8: memory read with a wrong layout,
-    /// or freed) is no name: the frame stays unnamed, and the summary counts it.
-    fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
-        let read = read.filter(|p| {
-            let ok = luajit::is_name(p.chunkname.as_bytes()) && !p.chunkname.contains('\u{fffd}');
-            self.unnamed += u64::from(!ok);
-            ok
-        });
-        let id = read.map(|mut proto| {
-            let id = self.next_proto;
-            self.next_proto += 1;
-            proto.pid = key.pid;
-            proto.id = id;
-            self.records.push(Record::LuaProto(proto));
-            id
-        });
-        self.protos.insert(key, id);
-        id.unwrap_or(u32::MAX)
-    }
 }
 
 impl LuaVms {
@@ -844,19 +623,4 @@ pub(crate) fn read_u32(mem: &File, addr: u64) -> Option<u32> {
     let mut b = [0u8; 4];
     mem.read_exact_at(&mut b, addr).ok()?;
     Some(u32::from_le_bytes(b))
-}
-
-/// A proto from BPF's copy: its chunk name, and its lines as the VM's decoder read them
-/// from the copied line table (no callee names).
-fn copied_proto(c: &RawLuaProto, lines: Vec<u32>) -> LuaProto {
-    let name_len = (c.chunkname_len as usize).min(c.name.len());
-    LuaProto {
-        pid: 0,
-        id: 0,
-        chunkname: String::from_utf8_lossy(&c.name[..name_len]).into_owned(),
-        firstline: c.firstline,
-        numline: c.numline,
-        lines,
-        callee_names: Vec::new(),
-    }
 }

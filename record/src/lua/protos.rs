@@ -1,0 +1,122 @@
+//! Naming a sample's Lua frames: each prototype is read once per process (from BPF's copy
+//! taken with the sample, and the live process for its callees' names), given an id and
+//! recorded; its later frames carry the id.
+
+use lrec_format::{lua_frame_kind, LuaFrame, LuaProto, Record};
+
+use super::{luajit, puc, LuaVms, ProtoKey};
+use crate::raw::{RawLuaFrame, RawLuaProto, RawPucConfig};
+use lrec_inspect::lua::puc::Layout as PucLayout;
+
+impl LuaVms {
+    pub(super) fn frame(
+        &mut self,
+        f: &RawLuaFrame,
+        proto: impl FnOnce(&mut Self, &RawLuaFrame) -> u32,
+    ) -> LuaFrame {
+        let (kind, function, address) = match f.ffid {
+            0 => (lua_frame_kind::LUA, proto(self, f), 0),
+            1 => (lua_frame_kind::C, u32::MAX, f.ptr),
+            _ => (lua_frame_kind::BUILTIN, u32::MAX, f.ptr),
+        };
+        LuaFrame {
+            kind,
+            builtin: f.ffid,
+            link: f.link,
+            function,
+            address,
+            pos: f.pos,
+            cframe: f.cframe,
+        }
+    }
+
+    /// The id of a frame's proto, reading and writing it the first time. A proto freed
+    /// and replaced at the same address differs in its chunk name, lines or size, and
+    /// gets a new id; one that cannot be read gets `u32::MAX`.
+    pub(super) fn proto(
+        &mut self,
+        pid: u32,
+        layout: &lrec_inspect::lua::luajit::Offsets,
+        f: &RawLuaFrame,
+    ) -> u32 {
+        let key = proto_key!(pid, f);
+        if let Some(id) = self.protos.get(&key) {
+            return id.unwrap_or(u32::MAX);
+        }
+        // BPF's copy was taken when the sample ran the proto: it names it. The live
+        // proto adds the names of callees, if it still is the same code (its chunk name
+        // and lines may since belong to another: memory is reused after GC).
+        let mem = self.luajit.get(&pid).and_then(|p| p.mem.as_ref());
+        let live = mem.and_then(|m| luajit::read_proto(m, layout, f));
+        let read = match self.copied.remove(&key).map(|c| {
+            let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
+            copied_proto(&c, luajit::lines(raw, c.firstline, c.numline, c.sizebc))
+        }) {
+            Some(copy) => Some(match live {
+                Some(l) if l.chunkname == copy.chunkname && l.lines == copy.lines => l,
+                _ => copy,
+            }),
+            None => live,
+        };
+        self.new_proto(key, read)
+    }
+
+    /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
+    pub(super) fn puc_proto(&mut self, pid: u32, rel: &PucLayout, f: &RawLuaFrame) -> u32 {
+        let key = proto_key!(pid, f);
+        if let Some(id) = self.protos.get(&key) {
+            return id.unwrap_or(u32::MAX);
+        }
+        let mem = self.puc.get(&pid).and_then(|p| p.mem.as_ref());
+        let read = self.copied.remove(&key).map(|c| {
+            let abi = RawPucConfig::new(rel);
+            let mut p = copied_proto(&c, puc::lines(&c, &abi));
+            // The frame's numline is lastlinedefined.
+            p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
+            // The callees' names, from the live proto if it still is this one.
+            if let Some(code) =
+                mem.and_then(|m| puc::read_code(m, rel, f.ptr, f.chunkname, f.firstline, f.sizebc))
+            {
+                p.callee_names = crate::lua::puc_names::callee_names(&code);
+            }
+            p
+        });
+        self.new_proto(key, read)
+    }
+
+    /// Gives a proto read for `key` its id and queues its record. A chunk name that does
+    /// not read as a name (control bytes, invalid UTF-8: memory read with a wrong layout,
+    /// or freed) is no name: the frame stays unnamed, and the summary counts it.
+    fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
+        let read = read.filter(|p| {
+            let ok = luajit::is_name(p.chunkname.as_bytes()) && !p.chunkname.contains('\u{fffd}');
+            self.unnamed += u64::from(!ok);
+            ok
+        });
+        let id = read.map(|mut proto| {
+            let id = self.next_proto;
+            self.next_proto += 1;
+            proto.pid = key.pid;
+            proto.id = id;
+            self.records.push(Record::LuaProto(proto));
+            id
+        });
+        self.protos.insert(key, id);
+        id.unwrap_or(u32::MAX)
+    }
+}
+
+/// A proto from BPF's copy: its chunk name, and its lines as the VM's decoder read them
+/// from the copied line table (no callee names).
+fn copied_proto(c: &RawLuaProto, lines: Vec<u32>) -> LuaProto {
+    let name_len = (c.chunkname_len as usize).min(c.name.len());
+    LuaProto {
+        pid: 0,
+        id: 0,
+        chunkname: String::from_utf8_lossy(&c.name[..name_len]).into_owned(),
+        firstline: c.firstline,
+        numline: c.numline,
+        lines,
+        callee_names: Vec::new(),
+    }
+}
