@@ -395,6 +395,38 @@ fn puc_heaps() {
     heap_is_exact("heap lua 5.5.1", &fixture_bin("lua5.5"), lua55);
 }
 
+/// The forks (fixtures/forks/*.patch): their layouts are learned from the binary, and
+/// lanalyze's heap walkers read them from the capture. The LuaJIT forks keep upstream's
+/// strings; the PUC forks' strings are 8 bytes longer (skynet's `id`).
+#[test]
+fn fork_heaps() {
+    heap_is_exact(
+        "heap luajit fork gc64",
+        &fixture_bin("luajit-fork-gc64"),
+        GC64,
+    );
+    heap_is_exact(
+        "heap luajit fork gc32 stripped",
+        &fixture_bin("luajit-fork-gc32-stripped"),
+        GC32,
+    );
+    heap_is_exact(
+        "heap luajit fork gc64 stripped",
+        &fixture_bin("luajit-fork-gc64-stripped"),
+        GC64,
+    );
+    let fork54 = Sizes {
+        str_header: 32,
+        ..PUC
+    };
+    heap_is_exact("heap lua 5.4 fork", &fixture_bin("lua5.4-fork"), fork54);
+    let fork55 = Sizes {
+        str_header: 40,
+        ..PUC
+    };
+    heap_is_exact("heap lua 5.5 fork", &fixture_bin("lua5.5-fork"), fork55);
+}
+
 /// Hosts running one VM per thread (fixtures/workloads/lua_host.c, stripped, linking PUC
 /// Lua 5.4 or LuaJIT statically): each VM found, and each census whole.
 #[test]

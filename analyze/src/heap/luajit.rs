@@ -43,6 +43,8 @@ struct Offsets {
     mainthref: u64,
     cur_l: u64,
     jit_base: u64,
+    /// Absent from captures of lrec before 2026-11: then just after jit_base.
+    ctype_state: Option<u64>,
     l_stack: u64,
     l_maxstack: u64,
     l_top: u64,
@@ -81,6 +83,8 @@ impl Offsets {
             mainthref: get("g.mainthref", o.g_mainthref),
             cur_l: get("g.cur_L", o.g_cur_l),
             jit_base: get("g.jit_base", o.g_jit_base),
+            ctype_state: (o.g_ctype_state != lrec_inspect::lua::named::ABSENT)
+                .then_some(u64::from(o.g_ctype_state)),
             l_stack: get("L.stack", o.l_stack),
             l_maxstack: get("L.maxstack", o.l_maxstack),
             l_top: get("L.top", o.l_top),
@@ -209,6 +213,44 @@ impl<'a> Heap<'a> {
         })
     }
 
+    /// The FFI's C type state (g->ctype_state).
+    fn ctype_state(&self) -> Option<u64> {
+        let at = self.f.ctype_state;
+        self.gcref(self.g + at.unwrap_or(self.f.jit_base + self.o.refsize))
+    }
+
+    /// The string interning table (g->str: its slot array and mask), which stock builds
+    /// keep 32 bytes before vmstate and forks elsewhere between the collector's state and
+    /// vmstate: the pointer and mask there whose first chains (up to 64) hold strings only.
+    fn string_table(&self) -> Option<(u64, u64)> {
+        let end = self.g + self.f.vmstate;
+        let stock = end.checked_sub(32)?;
+        let first = self.g + 16 + 8 * self.o.refsize;
+        let others = (0..end.saturating_sub(16).saturating_sub(first) / 4).map(|i| first + 4 * i);
+        std::iter::once(stock)
+            .chain(others.filter(|&at| at != stock))
+            .find_map(|at| self.strings_at(at))
+    }
+
+    /// The slot array and mask at `at` if they read as the interning table.
+    fn strings_at(&self, at: u64) -> Option<(u64, u64)> {
+        let tab = self.mem.u64(at)?;
+        let mask = u64::from(self.mem.u32(at + 8)?);
+        let num = u64::from(self.mem.u32(at + 12)?);
+        if tab == 0 || !(mask + 1).is_power_of_two() || mask >= 1 << 28 || num > 8 * (mask + 1) {
+            return None;
+        }
+        let mut heads = (0..=mask)
+            .filter_map(|i| self.gcref(tab + i * self.o.refsize).map(|h| h & !1))
+            .filter(|&h| h != 0)
+            .take(64)
+            .peekable();
+        heads.peek()?;
+        heads
+            .all(|h| self.gct(h) == Some(GCT_STR))
+            .then_some((tab, mask))
+    }
+
     /// The node array and its length of table `t`, and its array part.
     fn table_parts(&self, t: u64) -> Option<((u64, u64), (u64, u64))> {
         let o = self.o;
@@ -319,9 +361,7 @@ impl VmHeap for Heap<'_> {
         }
         // Strings: the interning table's chains (the low bit of a slot marks a chain
         // that was rehashed).
-        let tab = self.mem.u64(g + self.f.vmstate - 32).unwrap_or(0);
-        let mask = self.mem.u32(g + self.f.vmstate - 24).unwrap_or(0) as u64;
-        if tab != 0 && (mask + 1).is_power_of_two() && mask < 1 << 28 {
+        if let Some((tab, mask)) = self.string_table() {
             for i in 0..=mask {
                 let head = self.gcref(tab + i * self.o.refsize).unwrap_or(0) & !1;
                 self.list(head, &mut seen, &mut out);
@@ -544,9 +584,7 @@ impl Heap<'_> {
                 });
             }
         }
-        let cts = self
-            .gcref(self.g + self.f.jit_base + self.o.refsize)
-            .unwrap_or(0);
+        let cts = self.ctype_state().unwrap_or(0);
         if cts != 0 {
             out.push(Object {
                 addr: cts,
@@ -643,7 +681,7 @@ impl Heap<'_> {
         if self.mem.u8(cd + o.gct - 1)? & 0x80 != 0 {
             return self.mem.u32(cd - 4).map(u64::from);
         }
-        let cts = self.gcref(self.g + self.f.jit_base + o.refsize)?;
+        let cts = self.ctype_state()?;
         let tab = self.mem.u64(cts)?;
         let mut id = self.mem.u16(cd + o.cd_ctypeid)? as u64;
         for _ in 0..16 {
