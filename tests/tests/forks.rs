@@ -11,7 +11,8 @@
 //!   library) under a luajit-like host of ours (fixtures/luajit/standalone.c);
 //! - Debian's tarantool, whose LuaJIT fork is linked in;
 //! - PUC Lua 5.4.9 and 5.5.1 patched by fixtures/forks/lua-VERSION.patch (TString gains
-//!   skynet's `id`, lua_State and CallInfo a field each), with DWARF and stripped.
+//!   skynet's `id`, lua_State and CallInfo a field each), with DWARF and stripped, also run
+//!   as skynet runs Lua (`-H`: on a thread C calls, coroutine.resume the host's own C).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -43,11 +44,11 @@ fn chains(what: &str, interpreter: PathBuf, flags: &[&str]) {
     );
 }
 
-fn kinds(what: &str, interpreter: PathBuf) {
+fn kinds(what: &str, interpreter: PathBuf, flags: &[&str]) {
     lua_is_exact_at(
         what,
         &interpreter,
-        &[],
+        flags,
         "kinds.lua",
         &kinds_truth(),
         &[],
@@ -159,7 +160,7 @@ macro_rules! puc_fork_tests {
 
         #[test]
         fn $kinds() {
-            kinds(concat!($bin, " kinds"), fixture_bin($bin));
+            kinds(concat!($bin, " kinds"), fixture_bin($bin), &[]);
         }
     };
 }
@@ -187,6 +188,40 @@ puc_fork_tests!(
     fork_lua55_stripped_chains,
     fork_lua55_stripped_chains_short_chunkname,
     fork_lua55_stripped_kinds
+);
+
+/// skynet's way of running Lua (fixtures/puc/standalone.c `-H`): the program runs on a
+/// thread of its own that C calls while the main thread is idle, and coroutine.resume is
+/// the host's own C closure calling lua_resume through a helper of its own. Each
+/// coroutine's chain has its resumer's Lua frames below it, as the truths say.
+macro_rules! host_resume_tests {
+    ($bin:literal, $chains:ident, $kinds:ident) => {
+        #[test]
+        fn $chains() {
+            chains(concat!($bin, " -H chains"), fixture_bin($bin), &["-H"]);
+        }
+
+        #[test]
+        fn $kinds() {
+            kinds(concat!($bin, " -H kinds"), fixture_bin($bin), &["-H"]);
+        }
+    };
+}
+
+host_resume_tests!(
+    "lua5.5-fork",
+    fork_lua55_host_resume_chains,
+    fork_lua55_host_resume_kinds
+);
+host_resume_tests!(
+    "lua5.5-fork-stripped",
+    fork_lua55_stripped_host_resume_chains,
+    fork_lua55_stripped_host_resume_kinds
+);
+host_resume_tests!(
+    "lua5.4-fork-stripped",
+    fork_lua54_stripped_host_resume_chains,
+    fork_lua54_stripped_host_resume_kinds
 );
 
 /// A build whose layout lrec cannot prove: lua-host's twin on the LuaJIT fork, stripped
