@@ -425,6 +425,16 @@ fn fork_heaps() {
         ..PUC
     };
     heap_is_exact("heap lua 5.5 fork", &fixture_bin("lua5.5-fork"), fork55);
+    heap_is_exact(
+        "heap lua 5.4 fork stripped",
+        &fixture_bin("lua5.4-fork-stripped"),
+        fork54,
+    );
+    heap_is_exact(
+        "heap lua 5.5 fork stripped",
+        &fixture_bin("lua5.5-fork-stripped"),
+        fork55,
+    );
 }
 
 /// Hosts running one VM per thread (fixtures/workloads/lua_host.c, stripped, linking PUC

@@ -49,6 +49,17 @@ pub struct Assembly<'a> {
     pub structs: &'a [(&'a str, Option<&'a str>)],
     /// Fields taken from the reference whatever the evidence says (none changes them).
     pub fixed: &'a [&'a str],
+    /// Fields that hold a struct (`L.base_ci`, a CallInfo), with the field that is that
+    /// struct's size and a name for where it ends: its end is a place in the outer struct
+    /// when both are known.
+    pub embedded: &'a [Embedded],
+}
+
+/// A struct held in a field of another (see [`Assembly::embedded`]).
+pub struct Embedded {
+    pub field: &'static str,
+    pub size: &'static str,
+    pub end: &'static str,
 }
 
 /// Each field's value (absent when unknown) and its source.
@@ -119,12 +130,23 @@ impl Assembly<'_> {
         if !place(name) {
             return None;
         }
-        let anchors: Vec<(&str, i64, i64)> = self
+        let mut anchors: Vec<(&str, i64, i64)> = self
             .reference
             .iter()
             .filter(|(k, v)| k.starts_with(prefix) && *v != ABSENT && place(k))
             .filter_map(|(k, v)| Some((k.as_str(), i64::from(*v), f.get(k)?)))
             .collect();
+        for e in self.embedded.iter().filter(|e| e.field.starts_with(prefix)) {
+            let size = f
+                .get(e.size)
+                .or_else(|| self.between(f, e.size).map(|(v, _)| v));
+            let (Some(r), Some(rs), Some(at), Some(size)) =
+                (self.at(e.field), self.at(e.size), f.get(e.field), size)
+            else {
+                continue;
+            };
+            anchors.push((e.end, r + rs, at + size));
+        }
         let below = anchors
             .iter()
             .filter(|(k, r, _)| *r <= t && Some(*k) != *end)

@@ -275,6 +275,7 @@ fn assemble(f: &Facts, gc64: bool, builtins: Builtins) -> Learned {
         },
         structs: STRUCTS,
         fixed: FIXED,
+        embedded: &[],
     };
     let done = assembly.run(f, Offsets::NAMES);
     let offsets = Offsets::from_named(&done.named);

@@ -8,7 +8,7 @@ use super::releases::{release, rules_of, RELEASES};
 use super::{Layout, Offsets};
 use crate::dwarf::Structs;
 use crate::elf::Code;
-use crate::lua::evidence::{Assembly, Facts};
+use crate::lua::evidence::{Assembly, Embedded, Facts};
 
 /// A layout learned from a binary, and how.
 #[derive(Debug, Clone)]
@@ -209,6 +209,13 @@ const STRUCTS: &[(&str, Option<&str>)] = &[
     ("s.", Some("s.data")),
 ];
 
+/// The state's first CallInfo, held in it since 5.2 (5.1 points to an array).
+const EMBEDDED: &[Embedded] = &[Embedded {
+    field: "L.base_ci",
+    size: "ci.size",
+    end: "the end of L.base_ci",
+}];
+
 /// Widths and rules no build changes.
 const FIXED: &[&str] = &["ci.callstatus_size", "p.lineinfo_size", "p.upvaldesc_size"];
 
@@ -239,6 +246,10 @@ pub fn learn(
         reference_name: &reference_name,
         structs: STRUCTS,
         fixed: FIXED,
+        embedded: match minor {
+            1 => &[],
+            _ => EMBEDDED,
+        },
     };
     let done = assembly.run(&f, Offsets::NAMES);
     let offsets = Offsets::from_named(&done.named);
