@@ -87,6 +87,10 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
                     let why = why.split("; recording native").next().unwrap_or(why);
                     format!("native stacks only: {why}")
                 }
+                // lrec found the VM but no sample ran its interpreter loop.
+                None if v.layout.is_empty() => {
+                    "layout not proved: no sample ran its interpreter loop".to_string()
+                }
                 None => format!("layout {}", v.layout),
             };
             let puc = v.vm.starts_with("Lua 5.");

@@ -330,8 +330,8 @@ impl LuaVms {
         })
     }
 
-    /// Why a LuaJIT layout is still being proved: its VM has not run, or how far its
-    /// samples got.
+    /// Why a Lua layout is still being proved: its VM has not run its interpreter loop, or
+    /// how far its samples got.
     pub fn pending_why(&self) -> String {
         let pending =
             self.luajit
@@ -343,15 +343,23 @@ impl LuaVms {
                         protos,
                         tries,
                         ..
-                    } => Some((*tries, *votes, *protos)),
-                    Detection::PucPending { proofs, tries, .. } => Some((*tries, *tries, *proofs)),
+                    } => Some((p, *tries, *votes, *protos)),
+                    Detection::PucPending { proofs, tries, .. } => {
+                        Some((p, *tries, *tries, *proofs))
+                    }
                     _ => None,
                 });
         match pending {
-            None | Some((0, ..)) => "its VM did not run: an idle VM proves nothing".into(),
-            Some((tries, votes, (yes, no))) => format!(
-                "{tries} samples ran in it, {votes} found its global state, {yes} read its \
-                 running prototype as the layout says and {no} did not"
+            None => String::new(),
+            Some((p, 0, ..)) => format!(
+                "no sample ran in the interpreter loop of {}: a VM that does not run proves \
+                 nothing",
+                p.path
+            ),
+            Some((p, tries, votes, (yes, no))) => format!(
+                "{tries} samples ran in the interpreter loop of {}, {votes} found its global \
+                 state, {yes} read its running prototype as the layout says and {no} did not",
+                p.path
             ),
         }
     }
@@ -528,28 +536,54 @@ impl LuaVms {
             })
             .collect();
         for (pid, tries) in pending {
-            // A VM that never ran while recording has nothing to say.
-            if tries > 0 {
-                self.fail(
+            match tries {
+                0 => self.idle(pid, false),
+                _ => self.fail(
                     pid,
                     format!(
                         "its layout was not proved before the recording ended ({tries} samples \
                          in it)"
                     ),
-                );
+                ),
             }
         }
-        for (&pid, p) in &self.puc {
-            if let Detection::PucPending { tries, .. } = p.detection {
-                if tries > 0 {
-                    self.messages.push(format!(
-                        "pid {pid}: the Lua VM's layout in {} was not proved before the \
-                         recording ended ({tries} samples in it); native stacks only",
-                        p.path
-                    ));
-                }
+        let pending: Vec<(u32, u32)> = self
+            .puc
+            .iter()
+            .filter_map(|(&pid, p)| match p.detection {
+                Detection::PucPending { tries, .. } => Some((pid, tries)),
+                _ => None,
+            })
+            .collect();
+        for (pid, tries) in pending {
+            match tries {
+                0 => self.idle(pid, true),
+                _ => self.fail_puc(
+                    pid,
+                    format!(
+                        "the layout learned from it was not proved before the recording ended \
+                         ({tries} samples in it)"
+                    ),
+                ),
             }
         }
+    }
+
+    /// Process `pid`'s VM never ran its interpreter loop while lrec recorded: its layout
+    /// is not proved, and the capture lists it as such (no layout, no error: none of its
+    /// samples was in Lua code lrec could have read).
+    fn idle(&mut self, pid: u32, puc: bool) {
+        let vms = if puc { &self.puc } else { &self.luajit };
+        let Some(p) = vms.get(&pid) else {
+            return;
+        };
+        let vm = match (puc, p.code.first().and_then(|c| c.release)) {
+            (false, _) => "LuaJIT 2.1".to_string(),
+            (true, Some((minor, patch))) => format!("Lua 5.{minor}.{patch}"),
+            (true, None) => "Lua".to_string(),
+        };
+        let r = runtime(pid, p, vm);
+        self.records.push(Record::LuaRuntime(r));
     }
 }
 

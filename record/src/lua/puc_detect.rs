@@ -119,17 +119,27 @@ impl LuaVms {
                 (0, 0) => "no sample found a running state where the layout puts it".into(),
                 _ => format!("{yes} samples read as it says, {no} did not"),
             };
-            let msg = format!(
-                "pid {}: found a Lua interpreter in {path}, but the layout learned from it \
-                 ({summary}) could not be proved on the running VM: {what}; recording native \
-                 stacks only",
-                sample.pid
+            let why = format!(
+                "the layout learned from it ({summary}) could not be proved on the running VM: \
+                 {what}"
             );
-            p.detection = Detection::Failed;
-            let mut r = runtime(sample.pid, p, "Lua".into());
-            r.error = Some(msg.clone());
-            self.messages.push(msg);
-            self.records.push(Record::LuaRuntime(r));
+            self.fail_puc(sample.pid, why);
         }
+    }
+
+    /// Gives up reading process `pid`'s PUC Lua VM (`why`), saying so once.
+    pub(super) fn fail_puc(&mut self, pid: u32, why: String) {
+        let Some(p) = self.puc.get_mut(&pid) else {
+            return;
+        };
+        p.detection = Detection::Failed;
+        let msg = format!(
+            "pid {pid}: found a Lua interpreter in {}, but {why}; recording native stacks only",
+            p.path
+        );
+        let mut r = runtime(pid, p, "Lua".into());
+        r.error = Some(msg.clone());
+        self.messages.push(msg);
+        self.records.push(Record::LuaRuntime(r));
     }
 }
