@@ -124,7 +124,9 @@ struct lua_work {
 	__u64 site_callee;
 	__u64 site_fill;
 	__u32 site_check;
-	__u32 pad5;
+	__u32 stale;        /* sites whose proto was no longer the one remembered */
+	__u64 site_func;    /* the closure the site's frame must hold (0: any) */
+	__u64 gen;          /* the VM generation of this sample (lua_site_gen) */
 	struct lua_proto_key site_key;
 	/* The header of lua_State lh_of (0: none), read at once: cfg.lh_size bytes (lj_state). */
 	__u64 lh_of;
@@ -329,8 +331,8 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 		goto emitted;
 	}
 	__u8 *fn = w->fn;
-	/* A caller named by its call site (lj_site_use) is a Lua function of that proto:
-	 * neither its GCfunc nor its proto is read, and lrec checks the proto. */
+	/* A caller named by its call site (lj_site_use) is a Lua function of that proto,
+	 * proved in this sample: neither its GCfunc nor its proto is read again. */
 	int known = w->known_func && w->known_func == func;
 	if (!known && (lj_read_fn(w, func) || fn[lj_gct(w)] != LJ_GCT_FUNC)) {
 		w->flags |= LREC_LUA_BROKEN;
@@ -339,7 +341,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 	f->cframe = w->cf;
 	f->ffid = known ? 0 : fn[c->fn_ffid & 63];
 	f->link = link;
-	f->check = known ? LREC_FRAME_CHECK_PROTO : 0;
+	f->check = known ? LREC_FRAME_FROM_SITE : 0;
 	f->pad = 0; /* lrec compares frames whole (record/src/lua/reuse.rs) */
 	f->chunkname = 0;
 	f->firstline = 0;
@@ -379,7 +381,7 @@ emitted:
 	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
-		lua_site_fill(w->site_fill, w->last_a, w->tgid, f);
+		lua_site_fill(w->site_fill, w->last_a, w->tgid, f, func, w->gen);
 	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
@@ -530,7 +532,8 @@ static __always_inline __u32 lua_stack_end(struct sample_buf *b, struct lua_work
 	h->vmstate = vmstate;
 	h->nframes = w->n;
 	h->flags = w->flags;
-	h->walked_ns = bpf_ktime_get_ns();
+	h->stale = w->stale;
+	h->pad = 0;
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 
@@ -586,6 +589,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->pt_addr = 0;
 	w->site_check = 0;
 	w->site_fill = 0;
+	w->stale = 0;
+	w->gen = lua_site_gen(w->cfg.serial, w->cfg.closes);
 	w->known_func = 0;
 	w->lh_of = 0;
 	w->gh_of = 0;

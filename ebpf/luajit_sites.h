@@ -1,37 +1,57 @@
 /* LuaJIT call sites, remembered across samples (included by luajit.h): a Lua frame's
  * caller lies below it by its call's A operand, which the walk would otherwise read from
  * the caller's bytecode at every frame, and runs the proto that bytecode belongs to, which
- * it would read too. lua_sites (lua_protos.h) remembers both per return PC; lrec checks
- * the proto after the sample (LREC_FRAME_CHECK_PROTO). lj_to_caller moves to a Lua frame's
- * caller; lj_site_step walks a caller located so, when it is a Lua function called from Lua. */
+ * it would read too. lua_sites (lua_protos.h) remembers both per return PC. A site is used
+ * only once this sample proved it (lua_protos.h says how): a proto freed, by the GC or
+ * with its VM, and another allocated at its address fails that, and the frame is read in
+ * full. lj_to_caller moves to a Lua frame's caller; lj_site_step walks a caller located
+ * so, when it is a Lua function called from Lua. */
 #ifndef LREC_LUAJIT_SITES_H
 #define LREC_LUAJIT_SITES_H
 
-/* Whether lua_sites holds the call at return PC w->pc: its A in w->last_a, the caller's
- * proto in w->site_key (lj_site_use). */
+/* Whether lua_sites holds the call at return PC w->pc, in this VM generation (else its
+ * proto still the one at its address, one read of its fields, shared with the frames of
+ * a recursion through it): its A in w->last_a, the caller's proto in w->site_key and the
+ * closure the caller's frame must hold in w->site_func (0: any, the proto was read). A
+ * site that fails counts in w->stale. */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
 	struct lua_site *s = lua_site_find(w->pc, w->tgid);
 	if (!s)
 		return 0;
+	if (w->gen) {
+		if (s->gen != w->gen) {
+			w->stale++;
+			return 0;
+		}
+		w->site_key = s->k;
+		w->site_func = s->func;
+	} else {
+		struct lua_proto_key k;
+		if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
+			w->stale++;
+			return 0;
+		}
+		w->site_key = k;
+		w->site_func = 0;
+	}
 	w->last_a = s->a;
-	w->site_key = s->k;
 	return 1;
 }
 
 /* Takes the frame at w->frame, located by a remembered A, as the caller running the
  * remembered proto (a Lua frame's return PC lies in its own function's bytecode): the
- * proto holds the return PC, so the bytecode before it, and its A, are the ones
- * remembered, as long as that proto is still the one at its address, which lrec checks
- * (the frame goes out marked LREC_FRAME_CHECK_PROTO). lua_emit takes the proto from here
- * (w->known_func, w->known_pt), reading neither the frame's GCfunc nor its proto. 0 when
- * the frame holds no function. */
+ * proto, proved to be the one remembered, holds the return PC, so the bytecode before it,
+ * and its A, are the ones remembered (the frame goes out marked LREC_FRAME_FROM_SITE).
+ * lua_emit takes the proto from here (w->known_func, w->known_pt), reading neither the
+ * frame's GCfunc nor its proto again. 0 when the frame holds no function. */
 static __always_inline int lj_site_use(struct lua_work *w)
 {
 	__u64 func, link;
 	lj_frame(w, &func, &link);
 	__u64 pt = w->site_key.ptr;
-	if (!func || !lj_pc_in(w->last_call, pt + w->cfg.pt_size, w->site_key.sizebc))
+	if (!func || (w->site_func && func != w->site_func) ||
+	    !lj_pc_in(w->last_call, pt + w->cfg.pt_size, w->site_key.sizebc))
 		return 0;
 	w->known_func = func;
 	w->known_pt = pt;
@@ -60,7 +80,7 @@ static __always_inline void lj_to_caller(struct lua_work *w)
 
 /* The step of a frame located by a remembered call site (w->site_check) when it is a Lua
  * function called from Lua, as most of a deep stack is: emits it from the site
- * (LREC_FRAME_CHECK_PROTO, as lua_emit would) and moves to its caller, with none of the
+ * (LREC_FRAME_FROM_SITE, as lua_emit would) and moves to its caller, with none of the
  * general step's cases. 0 when the frame is not such a frame (lua_step takes it). */
 static __always_inline int lj_site_step(struct lua_work *w)
 {
@@ -73,6 +93,7 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	/* Not a dummy frame, called from Lua, and above the stack top of any C frame that
 	 * ended below (lua_step's C frame loop would have nothing to do). */
 	if (!func || func == w->l || (link & 3) != LJ_FRAME_LUA ||
+	    (w->site_func && func != w->site_func) ||
 	    !lj_pc_in(w->last_call, bc, w->site_key.sizebc) || w->nres_of != w->cf ||
 	    (w->nres < 0 && w->frame < w->stack + (__u64)(-(__s64)w->nres)))
 		return 0;
@@ -89,7 +110,7 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	f->pos = (__u32)((w->last_call - bc) / 4) - 1;
 	f->ffid = 0;
 	f->link = link & 7;
-	f->check = LREC_FRAME_CHECK_PROTO;
+	f->check = LREC_FRAME_FROM_SITE;
 	f->pad = 0;
 	f->name_id = w->site_key.name_id;
 	w->out += sizeof(struct lrec_lua_frame);

@@ -67,8 +67,13 @@ struct puc_work {
 	__u64 regs[PUC_NREGS];
 	__u64 ci, base_ci, l_savedpc, bottom;
 	__u64 last_func, last_pt, last_code, last_call, last_op;
+	__u64 last_name;     /* the last source string whose identity was read, and it */
+	__u32 last_name_id;
+	__u32 pad_name;
+	__u64 unnoted;       /* a proto read to prove a site, which it failed: not noted yet */
+	__u64 gen;           /* the VM generation of this sample (lua_site_gen) */
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
-	__u32 pad;
+	__u32 stale;     /* call sites whose proto was no longer the one remembered */
 	/* puc_ascend: the stack word where the search begins, the bottom it must lie above,
 	 * and the resumer found (0: none). */
 	__u64 scan, above, resumer;
@@ -422,6 +427,34 @@ static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, _
 	return 1;
 }
 
+/* The identity of source string s (a proto's chunk name): its length and last 16 bytes,
+ * read once per sample and string. A new string allocated where a freed one was (another
+ * VM's, another chunk's) has other text, and its protos other keys: a proto of another
+ * chunk at a freed proto's address, with the same lines and size, is not taken for it. */
+static __always_inline __u32 puc_name_id(struct puc_work *w, __u64 s)
+{
+	if (s == w->last_name)
+		return w->last_name_id;
+	__u32 len = 0, id = 0;
+	__u64 text = 0;
+	if (puc_string(w, s, &len, &text)) {
+		__u32 n = len < 16 ? len : 16;
+		/* Keeps the mask below for the verifier. */
+		asm volatile("" : "+r"(n));
+		__u64 *tail = (__u64 *)w->str;
+		tail[0] = 0;
+		tail[1] = 0;
+		if (!n || !bpf_probe_read_user(w->str, n & 31, (void *)(text + len - n))) {
+			__u64 h = len ^ (tail[0] * 0x9E3779B97F4A7C15ULL) ^
+				  (tail[1] * 0xC2B2AE3D27D4EB4FULL);
+			id = (__u32)(h ^ (h >> 32)) | 1;
+		}
+	}
+	w->last_name = s;
+	w->last_name_id = id;
+	return id;
+}
+
 /* Copies a proto's source name and line table out the first time a sample runs it
  * (w->pt holds the proto's fields). */
 static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_frame *f)
@@ -496,12 +529,32 @@ static __always_inline int puc_read_proto(struct puc_work *w, __u64 pt, int *fre
 {
 	if (pt == w->last_pt)
 		return 0;
+	w->last_pt = 0; /* a failed read leaves w->pt zeroed */
 	if (!puc_user_ptr(pt) ||
 	    bpf_probe_read_user(w->pt, w->cfg.p_size & (PUC_PT - 1), (void *)pt))
 		return -1;
 	w->last_pt = pt;
 	w->last_code = PUC_U64(w->pt, PUC_PT, w->cfg.p_code);
 	*fresh = 1;
+	return 0;
+}
+
+/* Whether the proto remembered for a call site (lua_sites) is still the one at its
+ * address: read now (into w->pt, shared with a recursion's frames), it has the remembered
+ * fields and code. A site that fails counts in w->stale (its frame is read in full). */
+static __always_inline int puc_site_proved(struct puc_work *w, struct lua_site *s)
+{
+	struct lrec_puc_config *c = &w->cfg;
+	int fresh = 0;
+	if (!puc_read_proto(w, s->k.ptr, &fresh) && w->last_code == s->a &&
+	    PUC_U64(w->pt, PUC_PT, c->p_source) == s->k.chunkname &&
+	    PUC_U32(w->pt, PUC_PT, c->p_linedefined) == (__u32)s->k.firstline &&
+	    PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined) == s->k.numline &&
+	    PUC_U32(w->pt, PUC_PT, c->p_sizecode) == s->k.sizebc &&
+	    puc_name_id(w, s->k.chunkname) == s->k.name_id)
+		return 1;
+	w->unnoted = w->last_pt;
+	w->stale++;
 	return 0;
 }
 
@@ -514,6 +567,7 @@ static __always_inline void puc_proto_fields(struct puc_work *w, struct lrec_lua
 	f->firstline = PUC_U32(w->pt, PUC_PT, c->p_linedefined);
 	f->numline = PUC_U32(w->pt, PUC_PT, c->p_lastlinedefined);
 	f->sizebc = PUC_U32(w->pt, PUC_PT, c->p_sizecode);
+	f->name_id = puc_name_id(w, f->chunkname);
 }
 
 /* One step of the walk: emits the CallInfo w->ci and moves to the one below it, or to the
@@ -570,7 +624,7 @@ static long puc_step(__u64 i, void *unused)
 	 * from the header to p). Below the innermost frame of a 5.2+ thread, savedpc is the
 	 * return point of the call the frame made (saved before every call), in its own
 	 * proto's code: the proto remembered for it, if any (lua_sites), names the frame
-	 * without a read (lrec checks it: LREC_FRAME_CHECK_PROTO). */
+	 * once proved, without reading the closure (LREC_FRAME_FROM_SITE). */
 	__u64 pt = 0;
 	int lua = tt == c->tag_lcl;
 	struct lua_site *site = 0;
@@ -594,8 +648,16 @@ static long puc_step(__u64 i, void *unused)
 			below = w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci);
 			if (below)
 				site = lua_site_find(savedpc, w->tgid);
-			cached = site != 0;
-			pt = cached ? site->k.ptr : rd64(v + c->cl_p);
+			/* In the same VM generation, by the same closure; else proved by a
+			 * read of the proto. */
+			if (site && w->gen) {
+				cached = site->gen == w->gen && site->func == v;
+				w->stale += !cached;
+			} else if (site) {
+				cached = puc_site_proved(w, site);
+			}
+			if (!cached)
+				pt = rd64(v + c->cl_p);
 		}
 	}
 	if (c->version == 501) {
@@ -627,7 +689,7 @@ static long puc_step(__u64 i, void *unused)
 	}
 	f->ffid = 0;
 	__u64 code = w->last_code;
-	if (cached) {
+	if (cached && w->gen) {
 		/* The site's proto, its code at site->a; w->pt keeps the proto read last, so a
 		 * recursion into this function takes this path again. */
 		f->ptr = site->k.ptr;
@@ -635,9 +697,17 @@ static long puc_step(__u64 i, void *unused)
 		f->firstline = site->k.firstline;
 		f->numline = site->k.numline;
 		f->sizebc = site->k.sizebc;
-		f->check = LREC_FRAME_CHECK_PROTO;
+		f->name_id = site->k.name_id;
+		f->check = LREC_FRAME_FROM_SITE;
 		code = site->a;
 		w->last_func = 0;
+	} else if (cached) {
+		/* The site's proto, proved by its read: its fields in w->pt, its code at
+		 * site->a. */
+		w->last_func = v;
+		puc_proto_fields(w, f);
+		f->check = LREC_FRAME_FROM_SITE;
+		code = w->last_code;
 	} else if (v != w->last_func) {
 		int fresh = 0;
 		if (puc_read_proto(w, pt, &fresh)) {
@@ -646,11 +716,11 @@ static long puc_step(__u64 i, void *unused)
 		}
 		w->last_func = v;
 		puc_proto_fields(w, f);
-		if (fresh)
+		if (fresh || pt == w->unnoted)
 			puc_note_proto(w, f);
 		code = w->last_code;
 		if (below && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
-			lua_site_fill(savedpc, code, w->tgid, f);
+			lua_site_fill(savedpc, code, w->tgid, f, v, w->gen);
 	} else {
 		/* The function of the frame above again (recursion). */
 		puc_proto_fields(w, f);
@@ -708,6 +778,10 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_pt = 0;
 	w->last_code = 0;
 	w->last_call = 0;
+	w->last_name = 0;
+	w->unnoted = 0;
+	w->stale = 0;
+	w->gen = lua_site_gen(w->cfg.serial, w->cfg.closes);
 	w->ciw.lo = 0;
 	w->stw.lo = 0;
 	w->ls_of = 0;
@@ -737,7 +811,8 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	h->vmstate = -1; /* as LuaJIT's LJ_VMST_INTERP: interpreted */
 	h->nframes = w->n;
 	h->flags = w->flags | LREC_LUA_PUC;
-	h->walked_ns = bpf_ktime_get_ns();
+	h->stale = w->stale;
+	h->pad = 0;
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 

@@ -160,6 +160,12 @@ struct lrec_lua_config {
 	__u32 lh_size;
 	__u32 gh_lo;
 	__u32 gh_size;
+	/* The generation of the process's VMs, which remembered call sites must share
+	 * (lua_sites): lrec gives each configuration it installs a serial, nonzero when it
+	 * probes the VM binary's lua_close, whose calls on_lua_close counts in closes (on
+	 * entry and on return). 0: no generation; each site is proved by a read instead. */
+	__u32 serial;
+	__u32 closes;
 };
 
 /* Most chunk-name bytes and line-table bytes copied with a proto. */
@@ -197,17 +203,17 @@ struct lrec_lua_frame {
 	__u32 pos;       /* current bytecode position, ~0 when unknown */
 	__u8 ffid;       /* 0 Lua, 1 C, else a fast function */
 	__u8 link;       /* FRAME_* type of this frame's link */
-	__u8 check;      /* LREC_FRAME_CHECK_PROTO or 0 */
+	__u8 check;      /* LREC_FRAME_FROM_SITE or 0 */
 	__u8 pad;        /* 0: lrec compares frames whole */
-	__u32 name_id;   /* LuaJIT: the chunk name's string id and hash, telling a new name
-			  * at the address of a freed one apart; 0 for PUC Lua */
+	__u32 name_id;   /* the chunk name's identity, telling a new name at the address of a
+			  * freed one apart (LuaJIT: the string's id and hash; PUC Lua: its
+			  * length and last bytes) */
 };
 
-/* lrec_lua_frame.check: the frame's proto fields (ptr to name_id) were not read in this
- * sample but taken from a call site remembered in an earlier one (lua_sites): lrec checks,
- * after the sample, that the proto at ptr still has them, and drops the frame and those
- * below it when not. */
-#define LREC_FRAME_CHECK_PROTO 1
+/* lrec_lua_frame.check: the frame's proto fields (ptr to name_id) were taken from a call
+ * site remembered in an earlier sample (lua_sites), proved in this one: the proto at ptr,
+ * read in this sample, has them. */
+#define LREC_FRAME_FROM_SITE 1
 
 struct lrec_lua_stack {
 	__u64 g;         /* global_State: tells VMs apart */
@@ -216,9 +222,10 @@ struct lrec_lua_stack {
 	__s32 vmstate;
 	__u16 nframes;
 	__u16 flags;
-	/* When the walk ended (CLOCK_MONOTONIC ns): a read of the target's memory after it
-	 * sees what the walk saw or newer (lrec's check of LREC_FRAME_CHECK_PROTO frames). */
-	__u64 walked_ns;
+	/* Call sites remembered in earlier samples whose proto, read in this one, was no
+	 * longer the one remembered (freed, another at its address): read in full. */
+	__u32 stale;
+	__u32 pad;
 	/* nframes struct lrec_lua_frame follow */
 };
 
@@ -291,6 +298,8 @@ struct lrec_puc_config {
 	__u32 p_size;      /* heap may end right after an object */
 	__u32 ci_tailcalls; /* 5.1: ci->tailcalls (no CIST_TAIL), else 0 */
 	__u32 str_hdr;     /* bytes of a TString's header read: its type, lengths (<= 56) */
+	__u32 serial;      /* call sites' generation (lrec_lua_config.serial) */
+	__u32 closes;
 };
 
 /* Timed calls (ebpf/latency.h), read by lrec (record/src/raw.rs asserts the layouts). */

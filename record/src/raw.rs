@@ -134,8 +134,10 @@ pub struct RawLuaStack {
     pub vmstate: i32,
     pub nframes: u16,
     pub flags: u16,
-    /// When the walk ended (CLOCK_MONOTONIC ns).
-    pub walked_ns: u64,
+    /// Call sites remembered in earlier samples whose proto, read in this one, was no
+    /// longer the one remembered (read in full).
+    pub stale: u32,
+    pub pad: u32,
 }
 
 /// `struct lrec_lua_frame`.
@@ -151,10 +153,11 @@ pub struct RawLuaFrame {
     pub pos: u32,
     pub ffid: u8,
     pub link: u8,
-    /// [`FRAME_CHECK_PROTO`] or 0.
+    /// [`FRAME_FROM_SITE`] or 0.
     pub check: u8,
     pub pad: u8,
-    /// LuaJIT: the chunk name's string id and hash (a new name at a freed one's address).
+    /// The chunk name's identity (a new name at a freed one's address): LuaJIT its string
+    /// id and hash, PUC Lua its length and last bytes.
     pub name_id: u32,
 }
 
@@ -210,6 +213,11 @@ pub struct RawLuaConfig {
     pub lh_size: u32,
     pub gh_lo: u32,
     pub gh_size: u32,
+    /// The generation of the process's VMs that call sites BPF remembers must share:
+    /// nonzero when lrec probes the VM binary's lua_close (set by the sampler when it
+    /// installs the configuration), whose calls BPF counts in `closes`.
+    pub serial: u32,
+    pub closes: u32,
 }
 
 impl RawLuaConfig {
@@ -373,6 +381,9 @@ pub struct RawPucConfig {
     pub p_size: u32,
     pub ci_tailcalls: u32,
     pub str_hdr: u32,
+    /// As [`RawLuaConfig::serial`].
+    pub serial: u32,
+    pub closes: u32,
 }
 
 /// sizeof a struct the walker reads whole: known, else past the last field it reads
@@ -494,6 +505,8 @@ impl RawPucConfig {
                 .into_iter()
                 .max()
                 .unwrap_or(24),
+            serial: 0,
+            closes: 0,
         }
     }
 }
@@ -545,9 +558,9 @@ unsafe impl aya::Pod for RawPucConfig {}
 
 pub const MAX_LUA_RANGES: usize = 4;
 /// `RawLuaFrame::check`: the frame's proto fields (`ptr` to `name_id`) come from a call
-/// site BPF remembered in an earlier sample, not from a read in this one: lrec checks
-/// that the proto at `ptr` still has them (`LREC_FRAME_CHECK_PROTO`).
-pub const FRAME_CHECK_PROTO: u8 = 1;
+/// site BPF remembered in an earlier sample, proved in this one: the proto at `ptr`, read
+/// in the sample, has them (`LREC_FRAME_FROM_SITE`).
+pub const FRAME_FROM_SITE: u8 = 1;
 // The Lua flag bits are the format's too.
 const _: () = assert!(lrec_format::lua_flags::TRUNCATED == 1);
 const _: () = assert!(lrec_format::lua_flags::BROKEN == 2);
@@ -678,9 +691,9 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, pos), 36);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 40);
         assert_eq!(offset_of!(RawLuaFrame, check), 42);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 36 * 4 + 8 * 2);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 38 * 4 + 8 * 2);
         assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
-        assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
+        assert_eq!(size_of::<RawPucConfig>(), 46 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
         assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }

@@ -105,6 +105,10 @@ pub struct Sampler {
     lua_yield_rate: Option<(Instant, u64)>,
     lua_waits_stopped: Option<f64>,
     latency: latency::LatencyLinks,
+    /// Binaries whose lua_close is probed (true) or could not be (false), and the last
+    /// serial given to a Lua configuration.
+    vm_closes: std::collections::HashMap<String, bool>,
+    serial: u32,
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -300,6 +304,8 @@ impl Sampler {
             _targets: targets,
             loader,
             lua_wait_links: Vec::new(),
+            vm_closes: std::collections::HashMap::new(),
+            serial: 0,
             lua_yield_rate: None,
             lua_waits_stopped: None,
             latency: Default::default(),
@@ -322,9 +328,45 @@ impl Sampler {
         }
     }
 
-    /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
-    pub fn set_lua_config(&mut self, pid: u32, cfg: &RawLuaConfig) -> Result<(), SamplerError> {
-        insert_config(&mut self.lua_config, "lua_config", pid, cfg)
+    /// Lets the BPF program walk the Lua stacks of process `pid` with this layout, its VM
+    /// in binary `path`.
+    pub fn set_lua_config(
+        &mut self,
+        pid: u32,
+        path: &str,
+        cfg: &RawLuaConfig,
+    ) -> Result<(), SamplerError> {
+        let cfg = RawLuaConfig {
+            serial: self.vm_serial(path),
+            closes: 0,
+            ..*cfg
+        };
+        insert_config(&mut self.lua_config, "lua_config", pid, &cfg)
+    }
+
+    /// A new serial for a configuration of a VM in binary `path` when its lua_close is
+    /// counted (uprobes on its entry and return, ebpf/sample.bpf.c; attached the first
+    /// time), else 0. With one, BPF takes the call sites it remembers for the process as
+    /// proved while no VM of it closed (lua_sites); without, it reads each one's proto.
+    fn vm_serial(&mut self, path: &str) -> u32 {
+        let probed = match self.vm_closes.get(path) {
+            Some(&probed) => probed,
+            None => {
+                let probed = ["on_lua_close", "on_lua_close_return"].iter().all(|prog| {
+                    self.uprobe(prog).is_ok_and(|p| {
+                        p.attach("lua_close", path, UProbeScope::AllProcesses)
+                            .is_ok()
+                    })
+                });
+                self.vm_closes.insert(path.to_string(), probed);
+                probed
+            }
+        };
+        if !probed {
+            return 0;
+        }
+        self.serial += 1;
+        self.serial
     }
 
     /// Times the waits of Lua coroutines that yield to C in the LuaJIT VM of binary
@@ -412,8 +454,18 @@ impl Sampler {
     }
 
     /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.
-    pub fn set_puc_config(&mut self, pid: u32, cfg: &RawPucConfig) -> Result<(), SamplerError> {
-        insert_config(&mut self.puc_config, "puc_config", pid, cfg)
+    pub fn set_puc_config(
+        &mut self,
+        pid: u32,
+        path: &str,
+        cfg: &RawPucConfig,
+    ) -> Result<(), SamplerError> {
+        let cfg = RawPucConfig {
+            serial: self.vm_serial(path),
+            closes: 0,
+            ..*cfg
+        };
+        insert_config(&mut self.puc_config, "puc_config", pid, &cfg)
     }
 
     /// Waits up to `timeout` for samples, news from the loader, or `also` (the target's

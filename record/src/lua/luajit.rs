@@ -10,7 +10,6 @@ use lrec_format::{LuaProto, Sample};
 use lrec_inspect::lua::luajit::{Builtins, Layout, Offsets};
 use lrec_inspect::lua::named::ABSENT;
 
-use crate::lua::check::Pages;
 use crate::lua::{read_u32, read_u64, VmCode};
 use crate::raw::{RawLuaConfig, RawLuaFrame};
 
@@ -218,69 +217,49 @@ pub fn on_stack(mem: &File, l: &Offsets, sample: &Sample, code: &[VmCode]) -> Op
         })
 }
 
-/// Whether the proto frame `f` of process `pid` names (from a call site BPF remembered) is
-/// still the one at its address: the same size, chunk name, lines and chunk-name identity,
-/// read as BPF reads them (ebpf/luajit.h, lj_proto_key). None when it cannot be read.
-pub fn proto_unchanged(mem: &mut Pages, pid: u32, l: &Offsets, f: &RawLuaFrame) -> Option<bool> {
-    let fields = [l.pt_sizebc, l.pt_chunkname, l.pt_firstline, l.pt_numline];
-    let lo = fields.into_iter().min()?;
-    let mut span = [0u8; 128];
-    let len = (fields.into_iter().max()? + 8 - lo) as usize;
-    mem.read(pid, f.ptr + u64::from(lo), span.get_mut(..len)?)
-        .then_some(())?;
-    let u32_at = |off: u32| {
-        let o = (off - lo) as usize;
-        u32::from_le_bytes(span[o..o + 4].try_into().unwrap())
-    };
-    let o = (l.pt_chunkname - lo) as usize;
-    let chunkname = match l.is_gc64() {
-        true => u64::from_le_bytes(span[o..o + 8].try_into().unwrap()),
-        false => u64::from(u32_at(l.pt_chunkname)),
-    };
-    let fields = (
-        u32_at(l.pt_sizebc),
-        chunkname,
-        u32_at(l.pt_firstline) as i32,
-        u32_at(l.pt_numline),
-    );
-    if fields != (f.sizebc, f.chunkname, f.firstline, f.numline) {
-        return Some(false);
-    }
-    // GCstr: its id (or hash) and the word after it, as BPF reads them.
-    let mut id = [0u8; 8];
-    mem.read(pid, chunkname + u64::from(l.str_hash), &mut id)
-        .then_some(())?;
-    let id = u64::from_le_bytes(id);
-    Some((id as u32) ^ ((id >> 32) as u32) == f.name_id)
-}
-
 /// Reads a proto's chunk name and line table, checking that it still is the proto BPF
 /// saw (the same chunk name, first line, line count and size).
+/// (the same key before and after the reads: a VM that frees it meanwhile, and another
+/// proto put there, fail it).
 pub fn read_proto(mem: &File, l: &Offsets, f: &RawLuaFrame) -> Option<LuaProto> {
     let pt = f.ptr;
-    let chunkname = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
-    let firstline = read_u32(mem, pt + u64::from(l.pt_firstline))? as i32;
-    let numline = read_u32(mem, pt + u64::from(l.pt_numline))?;
-    let sizebc = read_u32(mem, pt + u64::from(l.pt_sizebc))?;
-    if (chunkname, firstline, numline, sizebc) != (f.chunkname, f.firstline, f.numline, f.sizebc)
-        || sizebc > MAX_SIZEBC
-    {
+    if !has_key(mem, l, f) || f.sizebc > MAX_SIZEBC {
         return None;
     }
-    let len = read_u32(mem, chunkname + u64::from(l.str_len))? as usize;
+    let len = read_u32(mem, f.chunkname + u64::from(l.str_len))? as usize;
     let mut text = vec![0u8; len.min(MAX_CHUNKNAME)];
-    mem.read_exact_at(&mut text, chunkname + u64::from(l.str_data))
+    mem.read_exact_at(&mut text, f.chunkname + u64::from(l.str_data))
         .ok()?;
     let lineinfo = read_ref(mem, l, pt + u64::from(l.pt_lineinfo))?;
-    Some(LuaProto {
+    let proto = LuaProto {
         pid: 0,
         id: 0,
         chunkname: String::from_utf8_lossy(&text).into_owned(),
-        firstline,
-        numline,
-        lines: read_lines(mem, lineinfo, firstline, numline, sizebc),
-        callee_names: callee_names(mem, l, pt, sizebc).unwrap_or_default(),
-    })
+        firstline: f.firstline,
+        numline: f.numline,
+        lines: read_lines(mem, lineinfo, f.firstline, f.numline, f.sizebc),
+        callee_names: callee_names(mem, l, pt, f.sizebc).unwrap_or_default(),
+    };
+    has_key(mem, l, f).then_some(proto)
+}
+
+/// Whether the proto at frame `f`'s address has the frame's key: its size, chunk name and
+/// lines, and the chunk name's identity, read as BPF reads them (ebpf/luajit.h,
+/// lj_proto_key).
+fn has_key(mem: &File, l: &Offsets, f: &RawLuaFrame) -> bool {
+    let pt = f.ptr;
+    let key = (|| {
+        let chunkname = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
+        let id = read_u64(mem, chunkname + u64::from(l.str_hash))?;
+        Some((
+            chunkname,
+            read_u32(mem, pt + u64::from(l.pt_firstline))? as i32,
+            read_u32(mem, pt + u64::from(l.pt_numline))?,
+            read_u32(mem, pt + u64::from(l.pt_sizebc))?,
+            (id as u32) ^ ((id >> 32) as u32),
+        ))
+    })();
+    key == Some((f.chunkname, f.firstline, f.numline, f.sizebc, f.name_id))
 }
 
 /// The names the proto's calls give their callees (see [`crate::lua::luajit_bytecode`]),

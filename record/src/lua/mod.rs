@@ -1,7 +1,6 @@
 //! The Lua VMs of the recorded processes, LuaJIT's and PUC Lua's: where each process's
-//! interpreter is, which layout it has (LuaJIT: told by validating candidates against the
-//! live process, [`luajit`]; PUC Lua: from its release, [`puc`]), the BPF
-//! walker's configuration per process, and the capture records of the frames it walks,
+//! interpreter is, which layout it has (learned from its binary and proved on the live
+//! process: [`luajit`], [`puc`]), the BPF walker's configuration per process, and the capture records of the frames it walks,
 //! each function prototype's names and lines written once. One design of Lua frames,
 //! protos and runtimes serves both VMs.
 
@@ -22,7 +21,7 @@ use rustc_hash::FxHashMap;
 use lrec_inspect::lua::named::ABSENT;
 
 use crate::raw::{
-    LuaWalk, RawLuaConfig, RawLuaProto, RawPucConfig, FRAME_CHECK_PROTO, MAX_LUA_RANGES,
+    LuaWalk, RawLuaConfig, RawLuaProto, RawPucConfig, FRAME_FROM_SITE, MAX_LUA_RANGES,
 };
 use lrec_inspect::lua::luajit::learn::Learned;
 use lrec_inspect::lua::luajit::Layout;
@@ -130,8 +129,6 @@ macro_rules! proto_key {
     };
 }
 
-// After proto_key!, which it uses.
-pub(crate) mod check;
 mod detect;
 mod protos;
 mod puc_detect;
@@ -147,12 +144,11 @@ pub struct LuaVms {
     protos: FxHashMap<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
     copied: FxHashMap<ProtoKey, RawLuaProto>,
-    /// The protos of frames BPF named from remembered call sites, checked here.
-    checks: check::ProtoChecks,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
-    /// Lua frames BPF walked, and those it named from remembered call sites.
-    frames: (u64, u64),
+    /// Lua frames BPF walked, those it named from remembered call sites, and the sites
+    /// whose proto was no longer the one remembered (read in full).
+    frames: (u64, u64, u64),
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -364,6 +360,12 @@ impl LuaVms {
         }
     }
 
+    /// The binary holding process `pid`'s LuaJIT (`puc`: PUC Lua) interpreter.
+    pub fn vm_path(&self, pid: u32, puc: bool) -> Option<String> {
+        let vms = if puc { &self.puc } else { &self.luajit };
+        vms.get(&pid).map(|p| p.path.clone())
+    }
+
     /// BPF configurations that became known since the last call.
     pub fn take_configs(&mut self) -> Vec<(u32, RawLuaConfig)> {
         std::mem::take(&mut self.configs)
@@ -415,9 +417,9 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
-    /// Lua frames BPF walked, and those it named from call sites remembered in earlier
-    /// samples.
-    pub fn frames_named_from_sites(&self) -> (u64, u64) {
+    /// Lua frames BPF walked, those it named from call sites remembered in earlier
+    /// samples (each proved in its sample), and the sites it found stale (read in full).
+    pub fn frames_named_from_sites(&self) -> (u64, u64, u64) {
         self.frames
     }
 
@@ -439,35 +441,17 @@ impl LuaVms {
             false => self.luajit.get(&sample.pid)?,
         };
         let (pid, tid) = (sample.pid, sample.tid);
-        // The outer frames shared with the thread's last stack are converted already;
-        // the others stand once their protos named by call sites are checked.
+        // The outer frames shared with the thread's last stack are converted already.
         let last = self.last.take(tid, pid, by_puc);
-        let (raw, walked) = (walk.frames.as_slice(), walk.header.walked_ns);
+        let raw = walk.frames.as_slice();
         self.frames.0 += raw.len() as u64;
         self.frames.1 += raw
             .iter()
-            .filter(|f| f.check & FRAME_CHECK_PROTO != 0)
+            .filter(|f| f.check & FRAME_FROM_SITE != 0)
             .count() as u64;
-        let shared = last.as_ref().map_or(0, |l| l.shared(raw, walked));
+        self.frames.2 += u64::from(walk.header.stale);
+        let shared = last.as_ref().map_or(0, |l| l.shared(raw));
         let head = &raw[..raw.len() - shared];
-        let mut checked = Vec::with_capacity(head.len());
-        let n = match &p.detection {
-            Detection::Ready(layout, _) => {
-                let l = &layout.offsets;
-                self.checks
-                    .standing(pid, walked, head, &mut checked, |mem, f| {
-                        luajit::proto_unchanged(mem, pid, l, f)
-                    })
-            }
-            Detection::Puc(rel) => {
-                let abi = RawPucConfig::new(rel);
-                self.checks
-                    .standing(pid, walked, head, &mut checked, |mem, f| {
-                        puc::proto_unchanged(mem, pid, &abi, f)
-                    })
-            }
-            _ => return None,
-        };
         let mut frames: Vec<LuaFrame> = Vec::with_capacity(raw.len());
         match &p.detection {
             Detection::Ready(layout, traces) => {
@@ -476,25 +460,21 @@ impl LuaVms {
                     self.find_traces(pid, &layout.offsets, &walk);
                 }
                 let convert = |f| self.frame(f, |t, f| t.proto(pid, &layout.offsets, f));
-                frames.extend(head[..n].iter().map(convert));
+                frames.extend(head.iter().map(convert));
             }
             Detection::Puc(rel) => {
                 let rel = (**rel).clone();
                 let convert = |f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
-                frames.extend(head[..n].iter().map(convert));
+                frames.extend(head.iter().map(convert));
             }
             _ => return None,
         }
-        let (header, mut flags) = (walk.header, u32::from(walk.header.flags));
-        if n < head.len() {
-            flags |= lua_flags::BROKEN;
-        } else {
-            if let Some(l) = &last {
-                frames.extend_from_slice(l.tail(shared));
-            }
-            self.last
-                .keep((tid, pid, by_puc), walk.frames, &frames, checked, last);
+        if let Some(l) = &last {
+            frames.extend_from_slice(l.tail(shared));
         }
+        let header = walk.header;
+        self.last
+            .keep((tid, pid, by_puc), walk.frames, &frames, last);
         Some(LuaStack {
             pid,
             tid,
@@ -503,7 +483,7 @@ impl LuaVms {
             state: header.l,
             cframe: header.cframe,
             vmstate: header.vmstate,
-            flags,
+            flags: u32::from(header.flags),
             frames,
         })
     }
@@ -518,13 +498,6 @@ impl LuaVms {
                 "{} Lua functions' chunk names did not read as names (memory freed or reused \
                  before lrec read it); their frames are left unnamed",
                 self.unnamed
-            ));
-        }
-        if self.checks.cut > 0 {
-            self.messages.push(format!(
-                "{} samples lost their Lua frames from a function whose code was collected \
-                 and replaced before lrec could check it (marked broken)",
-                self.checks.cut
             ));
         }
         let pending: Vec<(u32, u32)> = self

@@ -74,9 +74,7 @@ impl LuaVms {
             // The frame's numline is lastlinedefined.
             p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
             // The callees' names, from the live proto if it still is this one.
-            if let Some(code) =
-                mem.and_then(|m| puc::read_code(m, rel, f.ptr, f.chunkname, f.firstline, f.sizebc))
-            {
+            if let Some(code) = mem.and_then(|m| puc::read_code(m, rel, f, &p.chunkname)) {
                 p.callee_names = crate::lua::puc_names::callee_names(&code);
             }
             p

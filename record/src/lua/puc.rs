@@ -9,10 +9,9 @@ use lrec_inspect::elf;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use crate::lua::check::Pages;
 use crate::lua::puc_names::Code;
 use crate::lua::{read_u32, read_u64};
-use crate::raw::{RawLuaFrame, RawLuaProto, RawPucConfig, LUA_LINEINFO, PUC_ABS_AT};
+use crate::raw::{RawLuaFrame, RawLuaProto, RawPucConfig, LUA_CHUNKNAME, LUA_LINEINFO, PUC_ABS_AT};
 use lrec_inspect::lua::puc::{Layout, Strings};
 
 /// Where a binary's `luaV_execute` lies (SVMA), and how it was found: its own symbols,
@@ -77,47 +76,26 @@ fn read_string(mem: &File, l: &Layout, s: u64) -> Option<String> {
     Some(String::from_utf8_lossy(&b).into_owned())
 }
 
-/// Reads the code and names of the proto at `pt` in the live process, if it still is the
-/// one a sample ran (same source string, first line and size).
-/// Whether the proto frame `f` names (from a call site BPF remembered) is still the one at
-/// its address: the same source, lines and size (the key BPF gives PUC protos). None when
-/// it cannot be read.
-pub fn proto_unchanged(
-    mem: &mut Pages,
-    pid: u32,
-    abi: &RawPucConfig,
-    f: &RawLuaFrame,
-) -> Option<bool> {
-    // The Proto's header, read at once.
-    let mut hdr = [0u8; 256];
-    mem.read(pid, f.ptr, hdr.get_mut(..abi.p_size as usize)?)
-        .then_some(())?;
-    let u32_at = |off: u32| u32::from_le_bytes(hdr[off as usize..][..4].try_into().unwrap());
-    let source = u64::from_le_bytes(hdr[abi.p_source as usize..][..8].try_into().unwrap());
-    Some(
-        source == f.chunkname
-            && u32_at(abi.p_linedefined) as i32 == f.firstline
-            && u32_at(abi.p_lastlinedefined) == f.numline
-            && u32_at(abi.p_sizecode) == f.sizebc,
-    )
-}
-
-pub fn read_code(
-    mem: &File,
-    l: &Layout,
-    pt: u64,
-    source: u64,
-    linedefined: i32,
-    sizecode: u32,
-) -> Option<Code> {
+/// Reads the code and names of the proto frame `f` ran, in the live process, if it still
+/// is that one before and after the reads: the same source string (named `chunkname`, as
+/// BPF copied it), lines and size (a VM that frees it meanwhile, and another proto put
+/// there, fail it).
+pub fn read_code(mem: &File, l: &Layout, f: &RawLuaFrame, chunkname: &str) -> Option<Code> {
     let o = &l.offsets;
+    let (pt, sizecode) = (f.ptr, f.sizebc);
     let version = l.rules.version;
     let u64_at = |off: u32| read_u64(mem, pt + u64::from(off));
     let u32_at = |off: u32| read_u32(mem, pt + u64::from(off));
-    if u64_at(o.p_source)? != source
-        || u32_at(o.p_linedefined)? as i32 != linedefined
-        || u32_at(o.p_sizecode)? != sizecode
-    {
+    let has_key = || {
+        u64_at(o.p_source) == Some(f.chunkname)
+            && u32_at(o.p_linedefined).map(|v| v as i32) == Some(f.firstline)
+            && u32_at(o.p_lastlinedefined) == Some(f.numline)
+            && u32_at(o.p_sizecode) == Some(sizecode)
+    };
+    // A chunk name longer than BPF copies is not compared.
+    let named =
+        |s: Option<String>| chunkname.len() >= LUA_CHUNKNAME || s.as_deref() == Some(chunkname);
+    if !has_key() || !named(read_string(mem, l, f.chunkname)) {
         return None;
     }
     let code = read_array(mem, pt + u64::from(o.p_code), sizecode, 4)?
@@ -162,7 +140,7 @@ pub fn read_code(
         Some((name, start, end))
     })
     .collect();
-    Some(Code {
+    has_key().then_some(Code {
         version,
         code,
         k,

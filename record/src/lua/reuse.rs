@@ -1,13 +1,11 @@
 //! The last Lua stack of each thread, kept to convert the next one: a thread's consecutive
 //! samples share most of a deep stack (all but the few innermost frames), and the frames
-//! they share need neither a proto lookup nor a check again.
+//! they share need no proto lookup again.
 //!
 //! A frame of the new walk equal, byte for byte, to the old one's at the same distance
 //! from the outermost frame (and every frame outside it equal too) converts to the same
-//! capture frame: a proto key keeps its id for the whole recording. Its check is reused
-//! only if it began after the new walk ended, as [`super::check`] requires of any check;
-//! a shared frame whose check is older is converted and checked again, with all the
-//! frames inside it.
+//! capture frame: a proto key keeps its id for the whole recording, and BPF proved every
+//! frame it named from a remembered call site in the sample itself.
 
 use lrec_format::LuaFrame;
 use rustc_hash::FxHashMap;
@@ -17,15 +15,12 @@ use crate::raw::RawLuaFrame;
 /// Threads whose last stack is kept: beyond, they are all let go.
 const MAX_THREADS: usize = 1024;
 
-/// A thread's last stack, all of whose frames stood.
+/// A thread's last stack.
 pub(super) struct Last {
     pid: u32,
     puc: bool,
     raw: Vec<RawLuaFrame>,
     frames: Vec<LuaFrame>,
-    /// `checked[i]`: when the oldest check of frames `i..` began (`u64::MAX`: none of
-    /// them was checked).
-    checked: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -42,39 +37,29 @@ impl LastStacks {
             .filter(|l| l.pid == pid && l.puc == puc)
     }
 
-    /// Keeps the stack a sample converted in full: its walk `raw`, its `frames`, and the
-    /// check times of its first `checked.len()` frames, the rest being `old`'s last ones.
+    /// Keeps the stack a sample converted: its walk `raw` and its `frames` (reusing
+    /// `old`'s buffers).
     pub(super) fn keep(
         &mut self,
         (tid, pid, puc): (u32, u32, bool),
         raw: Vec<RawLuaFrame>,
         frames: &[LuaFrame],
-        mut checked: Vec<u64>,
         old: Option<Last>,
     ) {
         debug_assert_eq!(raw.len(), frames.len());
-        let head = checked.len();
-        let mut last = match old {
+        let last = match old {
             Some(mut l) => {
-                let tail = raw.len() - head;
-                let from = l.checked.len() - tail;
-                checked.extend_from_slice(&l.checked[from..]);
                 l.frames.clear();
                 l.frames.extend_from_slice(frames);
-                Last { raw, checked, ..l }
+                Last { raw, ..l }
             }
             None => Last {
                 pid,
                 puc,
                 raw,
                 frames: frames.to_vec(),
-                checked,
             },
         };
-        for i in (0..head).rev() {
-            let outer = last.checked.get(i + 1).copied().unwrap_or(u64::MAX);
-            last.checked[i] = last.checked[i].min(outer);
-        }
         if self.by_tid.len() >= MAX_THREADS {
             self.by_tid.clear();
         }
@@ -83,21 +68,14 @@ impl LastStacks {
 }
 
 impl Last {
-    /// How many outermost frames of a walk, ended at `walked_ns`, are this stack's: equal
-    /// to its own, with checks begun after the walk.
-    pub(super) fn shared(&self, raw: &[RawLuaFrame], walked_ns: u64) -> usize {
-        let same = self
-            .raw
+    /// How many outermost frames of a walk are this stack's: equal to its own.
+    pub(super) fn shared(&self, raw: &[RawLuaFrame]) -> usize {
+        self.raw
             .iter()
             .rev()
             .zip(raw.iter().rev())
             .take_while(|(a, b)| a == b)
-            .count();
-        let old = self.raw.len();
-        (0..=same)
-            .rev()
-            .find(|&s| s == 0 || self.checked[old - s] >= walked_ns)
-            .unwrap_or(0)
+            .count()
     }
 
     /// The capture frames of its `n` outermost frames.
@@ -125,40 +103,28 @@ mod tests {
     }
 
     #[test]
-    fn a_stack_shares_its_equal_outer_frames_checked_after_its_walk() {
+    fn a_stack_shares_its_equal_outer_frames() {
         let mut s = LastStacks::default();
-        // Innermost first: 3 called by 2 called by 1; 2 was checked at time 50.
-        let walk = vec![raw(3), raw(2), raw(1)];
+        // Innermost first: 3 called by 2 called by 1.
         let frames = [frame(30), frame(20), frame(10)];
-        s.keep(
-            (9, 7, false),
-            walk,
-            &frames,
-            vec![u64::MAX, 50, u64::MAX],
-            None,
-        );
+        s.keep((9, 7, false), vec![raw(3), raw(2), raw(1)], &frames, None);
         let l = s.take(9, 7, false).unwrap();
-        assert_eq!(l.checked, [50, 50, u64::MAX]);
-        // 4 now runs where 3 did: two frames shared while the walk ended by time 50.
+        // 4 now runs where 3 did: two frames shared.
         let walk = vec![raw(4), raw(2), raw(1)];
-        assert_eq!(l.shared(&walk, 50), 2);
+        assert_eq!(l.shared(&walk), 2);
         assert_eq!(l.tail(2), &frames[1..]);
-        // Walked after the check of 2: only 1, which had none, is shared.
-        assert_eq!(l.shared(&walk, 51), 1);
         // Deeper and shallower walks share their outer frames too.
-        assert_eq!(l.shared(&[raw(5), raw(3), raw(2), raw(1)], 0), 3);
-        assert_eq!(l.shared(&[raw(1)], 0), 1);
-        assert_eq!(l.shared(&[raw(2)], 0), 0);
-        // Kept again with a new head: the tail keeps its check times.
+        assert_eq!(l.shared(&[raw(5), raw(3), raw(2), raw(1)]), 3);
+        assert_eq!(l.shared(&[raw(1)]), 1);
+        assert_eq!(l.shared(&[raw(2)]), 0);
+        // Kept again: the new frames replace the old.
         s.keep(
             (9, 7, false),
             walk,
             &[frame(40), frame(20), frame(10)],
-            vec![60],
             Some(l),
         );
         let l = s.take(9, 7, false).unwrap();
-        assert_eq!(l.checked, [50, 50, u64::MAX]);
         assert_eq!(l.tail(3)[0].function, 40);
     }
 
@@ -166,13 +132,7 @@ mod tests {
     fn another_process_or_vm_kind_shares_nothing() {
         let mut s = LastStacks::default();
         for (pid, puc) in [(8, false), (7, true)] {
-            s.keep(
-                (9, 7, false),
-                vec![raw(1)],
-                &[frame(1)],
-                vec![u64::MAX],
-                None,
-            );
+            s.keep((9, 7, false), vec![raw(1)], &[frame(1)], None);
             assert!(s.take(9, pid, puc).is_none());
         }
         // Taken out either way.

@@ -25,9 +25,9 @@ pub struct Summary {
     pub state_samples: u64,
     /// `--lua-heap`: Lua VMs snapshotted (summed over the snapshots).
     pub heap_vms: u32,
-    /// Lua frames recorded, and those BPF named from call sites remembered in earlier
-    /// samples (without reading them).
-    pub lua_frames: (u64, u64),
+    /// Lua frames recorded, those BPF named from call sites remembered in earlier samples
+    /// (proving each by one read of its proto), and the sites it found stale.
+    pub lua_frames: (u64, u64, u64),
 }
 
 /// The off-CPU intervals of a recording.
@@ -133,11 +133,14 @@ impl Summary {
             );
         }
         // What the walk cost per frame: a frame named from a call site remembered in an
-        // earlier sample costs the target no read of its memory (lrec checks it after).
-        if let (frames @ 1.., named) = self.lua_frames {
+        // earlier sample costs the target one read of its memory (its proto, proving the
+        // site), not three. A site that does not prove is read in full: no frame is
+        // dropped for want of proof.
+        if let (frames @ 1.., named, stale) = self.lua_frames {
             eprintln!(
                 "lrec: Lua frames: {frames}, {:.1} % named from call sites remembered in \
-                 earlier samples",
+                 earlier samples, each proved in its sample (0 dropped as unproved; {stale} \
+                 sites found stale, their frames read in full)",
                 named as f64 * 100.0 / frames as f64
             );
         }
