@@ -1,12 +1,13 @@
 /* A window of user memory read at once, for the Lua walks (luajit.h, puc.h): they read
  * many small pieces of one region going down it (a Lua stack's slots, a CallInfo array),
- * and one read of WINDOW bytes costs about what one read of 8 does. */
+ * and one read of WINDOW bytes costs little more than one of 8 does (2 KiB windows took
+ * 4-5 % less BPF time per 200-frame sample than 512-byte ones). */
 #ifndef LREC_WINDOW_H
 #define LREC_WINDOW_H
 
 #include "sample.h"
 
-#define WINDOW 512
+#define WINDOW 2048
 /* The largest piece taken from a window: the buffer's slack past WINDOW. */
 #define WINDOW_PIECE 128
 _Static_assert((WINDOW & (WINDOW - 1)) == 0, "offsets in a window are masked");

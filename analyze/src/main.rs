@@ -488,8 +488,30 @@ fn finish(written: io::Result<()>, mut out: Output) -> Result<()> {
     .context("cannot write the output")
 }
 
+/// Opens a capture; where none is at `path`, the one an unfinished lrec left beside it
+/// (`PATH.PID-N.partial`: lrec writes there until it commits), said on stderr.
 fn open(path: &Path) -> Result<Capture> {
-    Capture::open(path).with_context(|| format!("cannot read capture {}", path.display()))
+    let read =
+        |p: &Path| Capture::open(p).with_context(|| format!("cannot read capture {}", p.display()));
+    if path.exists() {
+        return read(path);
+    }
+    let Some((partial, lrec)) = lrec_inspect::files::partial_file(path) else {
+        return read(path);
+    };
+    let why = match lrec {
+        Some(pid) => format!("lrec (pid {pid}) is still recording it"),
+        None => {
+            "the lrec that wrote it did not finish (killed, or the machine went down)".to_string()
+        }
+    };
+    eprintln!(
+        "lanalyze: {} does not exist; reading {} instead: {why}; it holds the samples up to \
+         its last complete chunk",
+        path.display(),
+        partial.display()
+    );
+    read(&partial)
 }
 
 /// Reads and analyses one capture, printing its warnings.

@@ -101,10 +101,10 @@ impl OutputFile {
         let mut last = None;
         for attempt in 0..16u32 {
             // Visible, beside it: a recording cut short by a crash is found there.
-            let tmp = dir.join(format!(
-                "{}.{}-{attempt}.partial",
-                name.to_string_lossy(),
-                std::process::id()
+            let tmp = dir.join(partial_name(
+                &name.to_string_lossy(),
+                std::process::id(),
+                attempt,
             ));
             // A new file only (no link followed, nothing replaced), private from the start.
             let file = OpenOptions::new()
@@ -223,6 +223,39 @@ impl io::Write for OutputFile {
     }
 }
 
+/// The name a file being written to `NAME` has until it is committed, by writer `pid`.
+fn partial_name(name: &str, pid: u32, attempt: u32) -> String {
+    format!("{name}.{pid}-{attempt}.partial")
+}
+
+/// The newest file an unfinished writer left for `dest` (a recording cut short: killed,
+/// or the machine went down; or one still going), and that writer's pid when it still runs
+/// as lrec. None when there is none.
+pub fn partial_file(dest: &Path) -> Option<(PathBuf, Option<u32>)> {
+    let name = dest.file_name()?.to_string_lossy().into_owned();
+    let dir = match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let writer = |file: &str| -> Option<(u32, u32)> {
+        let rest = file.strip_prefix(&name)?.strip_prefix('.')?;
+        let (pid, attempt) = rest.strip_suffix(".partial")?.split_once('-')?;
+        let (pid, attempt) = (pid.parse().ok()?, attempt.parse().ok()?);
+        (partial_name(&name, pid, attempt) == file).then_some((pid, attempt))
+    };
+    let (path, pid, _) = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let (pid, _) = writer(&e.file_name().to_string_lossy())?;
+            let meta = e.metadata().ok().filter(|m| m.is_file())?;
+            Some((e.path(), pid, meta.modified().ok()?))
+        })
+        .max_by_key(|(_, _, modified)| *modified)?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    Some((path, (comm.trim() == "lrec").then_some(pid)))
+}
+
 /// Whether `dest` may be replaced: nothing there, or a regular file that is ours (a
 /// capture, a file we marked, an empty file), or any regular file with `force`.
 fn check_destination(dest: &Path, force: bool) -> Result<(), OutputError> {
@@ -303,6 +336,25 @@ mod tests {
         let mut out = out;
         out.file_mut().write_all(bytes).unwrap();
         out.commit().unwrap()
+    }
+
+    #[test]
+    fn a_file_left_unfinished_is_found_beside_its_name() {
+        let d = dir();
+        let dest = d.path().join("c.lrec");
+        assert!(partial_file(&dest).is_none());
+        let mut out = OutputFile::create(&dest, &OutputOptions::default()).unwrap();
+        out.file_mut().write_all(b"LREC").unwrap();
+        // As a SIGKILL leaves it: under its temporary name, its writer (this test, not
+        // lrec) gone for all partial_file can tell.
+        let left = out.path_in_progress().to_path_buf();
+        std::mem::forget(out);
+        let (found, writer) = partial_file(&dest).unwrap();
+        assert_eq!((found, writer), (left, None));
+        // Other files beside it are not taken for it.
+        std::fs::write(d.path().join("c.lrec.x-0.partial"), b"").unwrap();
+        std::fs::write(d.path().join("c.lrecc.1-0.partial"), b"").unwrap();
+        assert!(partial_file(&d.path().join("d.lrec")).is_none());
     }
 
     #[test]

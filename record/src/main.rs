@@ -173,6 +173,11 @@ pub struct Args {
     /// sudo either way.
     #[arg(long, value_name = "NAME", requires = "command")]
     pub user: Option<String>,
+    /// Let `-- CMD` run on when lrec ends before it (at -d's end, on Ctrl-C, or killed).
+    /// Without it lrec ends CMD when it stops first (SIGTERM), and CMD gets SIGKILL if
+    /// lrec dies (kill -9, a crash): nothing runs on unobserved.
+    #[arg(long, requires = "command")]
+    pub keep_running: bool,
     /// The command to start and record.
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -293,7 +298,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         Some(_) => bail!("-p needs a process id"),
         None => {
             let user = args.user.as_deref().map(target::User::lookup).transpose()?;
-            target::Target::spawn(&args.command, user.as_ref())?
+            target::Target::spawn(&args.command, user.as_ref(), args.keep_running)?
         }
     };
     let output = args

@@ -58,6 +58,8 @@ pub struct Target {
     /// Write end of the start gate of a spawned child.
     gate: Option<i32>,
     spawned: bool,
+    /// A spawned command runs on when lrec ends (--keep-running).
+    keep_running: bool,
     exit: Option<Exit>,
 }
 
@@ -114,13 +116,19 @@ impl Target {
             pidfd: None,
             gate: None,
             spawned: false,
+            keep_running: false,
             exit: None,
         })
     }
 
     /// Forks `cmd`, as `user` when given; the child waits at a gate until
-    /// [`Target::start`].
-    pub fn spawn(cmd: &[String], user: Option<&User>) -> Result<Target, TargetError> {
+    /// [`Target::start`]. Unless `keep_running`, the command gets SIGKILL when lrec dies
+    /// (and SIGTERM when lrec stops first: [`Target::stop_child`]).
+    pub fn spawn(
+        cmd: &[String],
+        user: Option<&User>,
+        keep_running: bool,
+    ) -> Result<Target, TargetError> {
         if cmd.is_empty() {
             return Err(TargetError::EmptyCommand);
         }
@@ -143,8 +151,10 @@ impl Target {
         {
             return Err(sys("pipe2"));
         }
+        // SAFETY: getpid has no preconditions.
+        let lrec = unsafe { libc::getpid() };
         // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
-        // execvp, write, _exit) on memory prepared before the fork.
+        // prctl, getppid, execvp, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(sys("fork"));
@@ -169,6 +179,15 @@ impl Target {
                         libc::write(report[1], (&errno as *const i32).cast(), 4);
                         libc::_exit(127);
                     }
+                }
+                // After the switch of user, which clears it. lrec may have died already.
+                if !keep_running
+                    && (libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                        || libc::getppid() != lrec)
+                {
+                    libc::_exit(127);
+                }
+                if user.is_some() {
                     libc::execvpe(argv[0], argv.as_ptr(), envp.as_ptr());
                 } else {
                     libc::execvp(argv[0], argv.as_ptr());
@@ -190,6 +209,7 @@ impl Target {
             pidfd: None,
             gate: Some(gate[1]),
             spawned: true,
+            keep_running,
             exit: None,
         })
     }
@@ -255,7 +275,8 @@ impl Target {
         self.exit
     }
 
-    /// Ends a spawned child that is still running (when lrec stops first).
+    /// Ends a spawned child that is still running (when lrec stops first), unless it is to
+    /// keep running.
     pub fn stop_child(&mut self) {
         if let Some(fd) = self.gate.take() {
             // Never started: the child reads end-of-file at its gate and exits. (It keeps
@@ -269,7 +290,7 @@ impl Target {
             self.exit = Some(Exit::Code(127));
             return;
         }
-        if self.spawned && self.exited().is_none() {
+        if self.spawned && !self.keep_running && self.exited().is_none() {
             // SAFETY: signals and reaps our own child.
             unsafe {
                 libc::kill(self.pid as i32, libc::SIGTERM);
