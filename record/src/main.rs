@@ -74,7 +74,8 @@ pub struct Args {
     /// out.1.lrec, out.2.lrec, … (default: lrec-PID.1.lrec, …).
     #[arg(long, value_name = "SECS", requires = "target", value_parser = positive_secs)]
     pub flight: Option<f64>,
-    /// Lua heap snapshot: copy the memory the target's LuaJIT VMs keep their objects in,
+    /// Lua heap snapshot: copy the memory the target's Lua VMs (LuaJIT 2.1, PUC Lua 5.1–5.5)
+    /// keep their objects in,
     /// raw, with each VM's state (several VMs and processes alike), for `lanalyze --heap`
     /// (what holds the memory, by reference path) and `lanalyze --diff A B --heap` (what
     /// grew). With -p the snapshot is taken at once and lrec ends, unless -d asks for

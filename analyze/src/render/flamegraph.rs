@@ -74,6 +74,9 @@ pub(crate) fn draw(
     let mut options = inferno::flamegraph::Options::default();
     (options.title, options.subtitle) = fit(title, subtitle);
     options.count_name = unit.into();
+    // A label that does not fit keeps its start, the function's name (inferno's default
+    // keeps the end: `..es/workloads/lua/chains.lua:33` for `recurse fixtures/…`).
+    options.text_truncate_direction = inferno::flamegraph::TextTruncateDirection::Right;
     inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), out)
 }
 
