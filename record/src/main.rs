@@ -215,10 +215,6 @@ pub enum DebugMode {
 }
 
 fn main() {
-    // lrec's own start (BTF, BPF, the target's binaries) and the thread that drains the
-    // samples must keep up when the target saturates the CPUs: from the first step. (A
-    // command lrec starts gets its priority back before it runs.)
-    procfs::raise_priority();
     let args = Args::parse();
     match run(args) {
         Ok(sampler) => exit_leaving_release(sampler),

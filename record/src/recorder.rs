@@ -208,10 +208,15 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let mut states = args.states.map(StatesClock::new);
-    // This thread drains the ring at the highest priority of its class (main.rs): a
-    // target that saturates the CPUs must not starve it, or the ring fills and samples
-    // are lost. (The embedding and symbol threads yield to the target.)
+    // lrec's own work (writing, compressing) yields to the target's on a busy machine,
+    // but only once the Lua VMs' layouts are told: until then, samples carry no Lua
+    // frames. (The embedding and symbol threads yield from the start.)
+    let mut lowered = false;
     let reason = loop {
+        if !lowered && !rec.lua.detecting() {
+            procfs::lower_priority();
+            lowered = true;
+        }
         // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
         // than when the ring fills: until it is known, samples carry no Lua frames.
         let mut tick = match rec.lua.detecting() {

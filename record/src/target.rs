@@ -153,7 +153,6 @@ impl Target {
         }
         // SAFETY: getpid has no preconditions.
         let lrec = unsafe { libc::getpid() };
-        let nice = crate::procfs::STARTED_NICE.load(Ordering::Relaxed);
         // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
         // prctl, getppid, execvp, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
@@ -170,8 +169,6 @@ impl Target {
                 if b != 1 {
                     libc::_exit(127);
                 }
-                // The command runs at the priority lrec was started with, not lrec's own.
-                libc::setpriority(libc::PRIO_PROCESS, 0, nice);
                 if let Some(u) = user {
                     // Groups first, then the group, then the user: each needs root.
                     if libc::setgroups(u.groups.len(), u.groups.as_ptr()) != 0

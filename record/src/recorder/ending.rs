@@ -310,28 +310,23 @@ impl Recording {
 /// /proc/kallsyms, loading on a thread until first asked for (a failure said once).
 pub(super) struct Kallsyms {
     loading: Option<std::thread::JoinHandle<Result<KallsymsTable, procfs::ProcError>>>,
-    thread: procfs::Yielding,
     table: Option<KallsymsTable>,
 }
 
 impl Kallsyms {
     pub(super) fn load() -> Kallsyms {
-        let thread = procfs::Yielding::default();
-        let yielding = thread.clone();
         Kallsyms {
-            loading: Some(std::thread::spawn(move || {
-                yielding.lower();
+            loading: Some(std::thread::spawn(|| {
+                crate::procfs::lower_priority();
                 KallsymsTable::load()
             })),
-            thread,
             table: None,
         }
     }
 
     fn table(&mut self) -> Option<&KallsymsTable> {
-        if let Some(loading) = self.loading.take() {
-            self.thread.hurry();
-            self.table = match loading.join() {
+        if let Some(thread) = self.loading.take() {
+            self.table = match thread.join() {
                 Ok(Ok(table)) => Some(table),
                 Ok(Err(e)) => {
                     eprintln!("lrec: warning: kernel frames stay unnamed: {e}");
