@@ -143,6 +143,9 @@ impl LoaderWatch {
     }
 }
 
+/// Whether BPF proves each remembered call site by reading its proto (see vm_serial).
+const PROVE_SITES_BY_READ: bool = true;
+
 impl Sampler {
     pub fn attach(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
         let cpus = aya::util::online_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
@@ -349,6 +352,12 @@ impl Sampler {
     /// time), else 0. With one, BPF takes the call sites it remembers for the process as
     /// proved while no VM of it closed (lua_sites); without, it reads each one's proto.
     fn vm_serial(&mut self, path: &str) -> u32 {
+        // Not used yet: a generation and the closure do not prove a site inside one VM
+        // whose collected code is reloaded at the same addresses (tests/jit.rs flush_gc64
+        // named `run` of phase 9 above `hot` of phase 19). Every site is proved by a read.
+        if PROVE_SITES_BY_READ {
+            return 0;
+        }
         let probed = match self.vm_closes.get(path) {
             Some(&probed) => probed,
             None => {
