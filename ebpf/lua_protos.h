@@ -112,6 +112,7 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
 	p->chunkname_len = 0;
 	p->lineinfo_len = 0;
 	p->abs_len = 0;
+	p->code_words = 0;
 	return p;
 }
 
@@ -120,13 +121,13 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
  * call; PUC 5.2+: a CallInfo's savedpc below the innermost frame), LuaJIT's call A operand
  * (the caller's frame lies 1 + A slots below) or PUC's Proto.code, and the proto the PC
  * lies in (a proto with these fields holds the same code: the identity lua_protos_seen
- * uses). An entry is used only when the sample proves it, so that nothing is left for
- * lrec to check after the sample, when the memory may belong to another VM: where lrec
- * probes lua_close, no VM of the process closed since the entry was made (the same
- * generation, lua_site_gen) and the frame it locates holds the same closure; elsewhere,
- * one read of its proto's fields finds them unchanged. A proto freed (its VM closed, or
- * collected) and another allocated at its address fails either, and the frame is read in
- * full. A frame named by an entry
+ * uses). An entry is used only when the sample proves it, by one read of its proto's
+ * fields, chunk name's identity included, finding them unchanged: nothing is left for lrec
+ * to check after the sample, when the memory may belong to another VM. A proto freed (its
+ * VM closed, or collected) and another allocated at its address fails it, and the frame is
+ * read in full. (A VM generation counted by uprobes on lua_close, with the frame's
+ * closure, is no proof: a VM that reloads collected code at the same addresses, as
+ * tests/jit.rs's flush does, defeats it.) A frame named by an entry
  * goes out marked LREC_FRAME_FROM_SITE. Entries are made only for protos already sent, so
  * that every proto a frame names reached lrec.
  * Per CPU, in sets of two entries chosen by a hash of the PC: two sites of a deep stack
@@ -135,19 +136,8 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
 struct lua_site {
 	__u64 pc;
 	__u64 a;
-	__u64 func;  /* the caller's closure (GCfunc, LClosure) when it was remembered */
-	__u64 gen;   /* the process's VM generation then (lua_site_gen) */
 	struct lua_proto_key k;
 };
-
-/* The generation of process VMs a sample sees, from its configuration (serial, closes):
- * a site remembered in the same one was remembered since the last lua_close of any of
- * the process's VMs, so the memory of its proto was not freed by a VM's end. 0: none
- * (lua_close not probed), and sites are proved by a read of their proto. */
-static __always_inline __u64 lua_site_gen(__u32 serial, __u32 closes)
-{
-	return serial ? (__u64)serial << 32 | closes : 0;
-}
 
 /* The two entries of a set, the one filled last first. */
 struct lua_site_set {
@@ -184,10 +174,10 @@ static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid)
 }
 
 /* Remembers the call site at PC pc with a (LuaJIT: the call's A; PUC: Proto.code) in the
- * proto frame f runs, by closure func, in VM generation gen, once that proto was sent
- * (lua_protos_seen): first in its set, the other entry kept unless it is this PC's. */
+ * proto frame f runs, once that proto was sent (lua_protos_seen): first in its set, the
+ * other entry kept unless it is this PC's. */
 static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid,
-					  struct lrec_lua_frame *f, __u64 func, __u64 gen)
+					  struct lrec_lua_frame *f)
 {
 	struct lua_proto_key k;
 	lua_proto_key_of(&k, tgid, f);
@@ -200,8 +190,6 @@ static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid,
 		set->e[1] = set->e[0];
 	set->e[0].pc = pc;
 	set->e[0].a = a;
-	set->e[0].func = func;
-	set->e[0].gen = gen;
 	set->e[0].k = k;
 }
 

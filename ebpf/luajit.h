@@ -125,8 +125,6 @@ struct lua_work {
 	__u64 site_fill;
 	__u32 site_check;
 	__u32 stale;        /* sites whose proto was no longer the one remembered */
-	__u64 site_func;    /* the closure the site's frame must hold (0: any) */
-	__u64 gen;          /* the VM generation of this sample (lua_site_gen) */
 	struct lua_proto_key site_key;
 	/* The header of lua_State lh_of (0: none), read at once: cfg.lh_size bytes (lj_state). */
 	__u64 lh_of;
@@ -381,7 +379,7 @@ emitted:
 	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
-		lua_site_fill(w->site_fill, w->last_a, w->tgid, f, func, w->gen);
+		lua_site_fill(w->site_fill, w->last_a, w->tgid, f);
 	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
@@ -590,7 +588,6 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->site_check = 0;
 	w->site_fill = 0;
 	w->stale = 0;
-	w->gen = lua_site_gen(w->cfg.serial, w->cfg.closes);
 	w->known_func = 0;
 	w->lh_of = 0;
 	w->gh_of = 0;

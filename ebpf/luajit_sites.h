@@ -9,33 +9,22 @@
 #ifndef LREC_LUAJIT_SITES_H
 #define LREC_LUAJIT_SITES_H
 
-/* Whether lua_sites holds the call at return PC w->pc, in this VM generation (else its
- * proto still the one at its address, one read of its fields, shared with the frames of
- * a recursion through it): its A in w->last_a, the caller's proto in w->site_key and the
- * closure the caller's frame must hold in w->site_func (0: any, the proto was read). A
- * site that fails counts in w->stale. */
+/* Whether lua_sites holds the call at return PC w->pc and its proto is still the one at
+ * its address (one read of its fields, shared with the frames of a recursion through it):
+ * its A in w->last_a, the caller's proto in w->site_key. A site that fails counts in
+ * w->stale. */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
 	struct lua_site *s = lua_site_find(w->pc, w->tgid);
 	if (!s)
 		return 0;
-	if (w->gen) {
-		if (s->gen != w->gen) {
-			w->stale++;
-			return 0;
-		}
-		w->site_key = s->k;
-		w->site_func = s->func;
-	} else {
-		struct lua_proto_key k;
-		if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
-			w->stale++;
-			return 0;
-		}
-		w->site_key = k;
-		w->site_func = 0;
+	struct lua_proto_key k;
+	if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
+		w->stale++;
+		return 0;
 	}
 	w->last_a = s->a;
+	w->site_key = k;
 	return 1;
 }
 
@@ -50,8 +39,7 @@ static __always_inline int lj_site_use(struct lua_work *w)
 	__u64 func, link;
 	lj_frame(w, &func, &link);
 	__u64 pt = w->site_key.ptr;
-	if (!func || (w->site_func && func != w->site_func) ||
-	    !lj_pc_in(w->last_call, pt + w->cfg.pt_size, w->site_key.sizebc))
+	if (!func || !lj_pc_in(w->last_call, pt + w->cfg.pt_size, w->site_key.sizebc))
 		return 0;
 	w->known_func = func;
 	w->known_pt = pt;
@@ -93,7 +81,6 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	/* Not a dummy frame, called from Lua, and above the stack top of any C frame that
 	 * ended below (lua_step's C frame loop would have nothing to do). */
 	if (!func || func == w->l || (link & 3) != LJ_FRAME_LUA ||
-	    (w->site_func && func != w->site_func) ||
 	    !lj_pc_in(w->last_call, bc, w->site_key.sizebc) || w->nres_of != w->cf ||
 	    (w->nres < 0 && w->frame < w->stack + (__u64)(-(__s64)w->nres)))
 		return 0;

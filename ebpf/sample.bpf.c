@@ -295,35 +295,6 @@ int sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
-/* lua_close of a VM in a process lrec walks: its memory is freed and may soon hold
- * another VM's, so the call sites remembered until now prove nothing any more. Counted on
- * entry and on return (a site remembered while it ran, by __gc code, is as old) in the
- * process's configurations, whose copy each sample takes (lua_site_gen). */
-static __always_inline void count_lua_close(void)
-{
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	struct lrec_lua_config *c = bpf_map_lookup_elem(&lua_config, &tgid);
-	if (c)
-		__sync_fetch_and_add(&c->closes, 1);
-	struct lrec_puc_config *p = bpf_map_lookup_elem(&puc_config, &tgid);
-	if (p)
-		__sync_fetch_and_add(&p->closes, 1);
-}
-
-SEC("uprobe")
-int on_lua_close(struct pt_regs *ctx)
-{
-	count_lua_close();
-	return 0;
-}
-
-SEC("uretprobe")
-int on_lua_close_return(struct pt_regs *ctx)
-{
-	count_lua_close();
-	return 0;
-}
-
 #include "offcpu.h"
 #include "lua_wait.h"
 #include "latency.h"

@@ -160,17 +160,12 @@ struct lrec_lua_config {
 	__u32 lh_size;
 	__u32 gh_lo;
 	__u32 gh_size;
-	/* The generation of the process's VMs, which remembered call sites must share
-	 * (lua_sites): lrec gives each configuration it installs a serial, nonzero when it
-	 * probes the VM binary's lua_close, whose calls on_lua_close counts in closes (on
-	 * entry and on return). 0: no generation; each site is proved by a read instead. */
-	__u32 serial;
-	__u32 closes;
 };
 
 /* Most chunk-name bytes and line-table bytes copied with a proto. */
 #define LREC_LUA_CHUNKNAME 512
 #define LREC_LUA_LINEINFO 4096
+#define LREC_LUA_CODE_HEAD 7
 /* PUC Lua 5.4+: the line deltas fill lineinfo up to here, the absolute lines follow. */
 #define LREC_PUC_ABS_AT 3072
 
@@ -187,6 +182,10 @@ struct lrec_lua_proto {
 	__u32 lineinfo_len;  /* bytes copied */
 	__u32 abs_len;       /* PUC Lua 5.4+: bytes of abslineinfo copied at LREC_PUC_ABS_AT */
 	__u32 name_id;       /* the chunk name's identity (lrec_lua_frame.name_id) */
+	__u32 code_words;    /* PUC Lua: instructions copied into code_head */
+	__u32 code_head[LREC_LUA_CODE_HEAD]; /* PUC Lua: the first instructions, which prove
+					      * lrec's later read of the code still is this
+					      * proto's (a freed array's start is overwritten) */
 	__u8 name[LREC_LUA_CHUNKNAME];
 	__u8 lineinfo[LREC_LUA_LINEINFO];
 };
@@ -298,8 +297,6 @@ struct lrec_puc_config {
 	__u32 p_size;      /* heap may end right after an object */
 	__u32 ci_tailcalls; /* 5.1: ci->tailcalls (no CIST_TAIL), else 0 */
 	__u32 str_hdr;     /* bytes of a TString's header read: its type, lengths (<= 56) */
-	__u32 serial;      /* call sites' generation (lrec_lua_config.serial) */
-	__u32 closes;
 };
 
 /* Timed calls (ebpf/latency.h), read by lrec (record/src/raw.rs asserts the layouts). */

@@ -213,11 +213,6 @@ pub struct RawLuaConfig {
     pub lh_size: u32,
     pub gh_lo: u32,
     pub gh_size: u32,
-    /// The generation of the process's VMs that call sites BPF remembers must share:
-    /// nonzero when lrec probes the VM binary's lua_close (set by the sampler when it
-    /// installs the configuration), whose calls BPF counts in `closes`.
-    pub serial: u32,
-    pub closes: u32,
 }
 
 impl RawLuaConfig {
@@ -326,6 +321,8 @@ impl RawLuaConfig {
 
 pub const LUA_CHUNKNAME: usize = 512;
 pub const LUA_LINEINFO: usize = 4096;
+/// PUC Lua: the instructions BPF copies from a proto's code ([`RawLuaProto::code_head`]).
+pub const LUA_CODE_HEAD: usize = 7;
 /// PUC Lua 5.4+: where the absolute lines begin in [`RawLuaProto::lineinfo`].
 pub const PUC_ABS_AT: usize = 3072;
 
@@ -381,9 +378,6 @@ pub struct RawPucConfig {
     pub p_size: u32,
     pub ci_tailcalls: u32,
     pub str_hdr: u32,
-    /// As [`RawLuaConfig::serial`].
-    pub serial: u32,
-    pub closes: u32,
 }
 
 /// sizeof a struct the walker reads whole: known, else past the last field it reads
@@ -505,8 +499,6 @@ impl RawPucConfig {
                 .into_iter()
                 .max()
                 .unwrap_or(24),
-            serial: 0,
-            closes: 0,
         }
     }
 }
@@ -541,6 +533,10 @@ pub struct RawLuaProto {
     /// PUC Lua 5.4+: bytes of `abslineinfo` copied at [`PUC_ABS_AT`] in `lineinfo`.
     pub abs_len: u32,
     pub name_id: u32,
+    /// PUC Lua: instructions copied into `code_head`.
+    pub code_words: u32,
+    /// PUC Lua: the code's first instructions when the sample ran it.
+    pub code_head: [u32; LUA_CODE_HEAD],
     pub name: [u8; LUA_CHUNKNAME],
     pub lineinfo: [u8; LUA_LINEINFO],
 }
@@ -691,9 +687,10 @@ mod tests {
         assert_eq!(offset_of!(RawLuaFrame, pos), 36);
         assert_eq!(offset_of!(RawLuaFrame, ffid), 40);
         assert_eq!(offset_of!(RawLuaFrame, check), 42);
-        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 38 * 4 + 8 * 2);
-        assert_eq!(size_of::<RawLuaProto>(), 48 + 512 + 4096);
-        assert_eq!(size_of::<RawPucConfig>(), 46 * 4);
+        assert_eq!(size_of::<RawLuaConfig>(), 8 * 8 + 36 * 4 + 8 * 2);
+        assert_eq!(size_of::<RawLuaProto>(), 48 + 32 + 512 + 4096);
+        assert_eq!(offset_of!(RawLuaProto, name), 80);
+        assert_eq!(size_of::<RawPucConfig>(), 44 * 4);
         assert_eq!(offset_of!(RawLuaConfig, gc64), 64);
         assert_eq!(offset_of!(RawLuaConfig, pt_firstline), 64 + 21 * 4);
     }

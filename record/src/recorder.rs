@@ -18,7 +18,7 @@ use crate::latency::Tracker;
 use crate::lua::LuaVms;
 use crate::output::{self, Output, WriteFailed};
 use crate::procfs;
-use crate::raw::{Decoded, RawLuaConfig, RawPucConfig, RawSample};
+use crate::raw::{Decoded, RawSample};
 use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
@@ -128,10 +128,6 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             rec.add_process(pid)?;
         }
     }
-    // Installed before sampling starts, and again after (install_lua_configs), once the
-    // VMs' lua_close are probed: that takes a while, and the first samples prove the call
-    // sites they use by reading them meanwhile.
-    let (lua, puc) = (rec.lua.take_configs(), rec.lua.take_puc_configs());
     let sampler = Sampler::attach(&SamplerConfig {
         pids: pids.clone(),
         follow_children: !args.no_children,
@@ -142,8 +138,8 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
         states: args.states.is_some(),
         latency: latency_wanted(args).then_some(args.latency_events),
-        lua: lua.clone(),
-        puc: puc.clone(),
+        lua: rec.lua.take_configs(),
+        puc: rec.lua.take_puc_configs(),
     });
     let mut sampler = match sampler {
         Ok(s) => s,
@@ -157,7 +153,6 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         }
     };
     rec.lua.sampling_started();
-    install_configs(&mut sampler, &rec, lua, puc)?;
     // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
     let heap_only = args.lua_heap && attached && args.duration.is_none();
     if attached && rec.lua.layouts_pending() && !heap_only {
@@ -374,24 +369,11 @@ fn poll(
 
 /// Hands the BPF walkers the Lua VM configurations that became known.
 fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
-    let (lua, puc) = (rec.lua.take_configs(), rec.lua.take_puc_configs());
-    install_configs(sampler, rec, lua, puc)
-}
-
-/// Installs LuaJIT (`lua`) and PUC Lua (`puc`) configurations, by process.
-fn install_configs(
-    sampler: &mut Sampler,
-    rec: &Recording,
-    lua: Vec<(u32, RawLuaConfig)>,
-    puc: Vec<(u32, RawPucConfig)>,
-) -> Result<()> {
-    for (pid, cfg) in lua {
-        let path = rec.lua.vm_path(pid, false).unwrap_or_default();
-        sampler.set_lua_config(pid, &path, &cfg)?;
+    for (pid, cfg) in rec.lua.take_configs() {
+        sampler.set_lua_config(pid, &cfg)?;
     }
-    for (pid, cfg) in puc {
-        let path = rec.lua.vm_path(pid, true).unwrap_or_default();
-        sampler.set_puc_config(pid, &path, &cfg)?;
+    for (pid, cfg) in rec.lua.take_puc_configs() {
+        sampler.set_puc_config(pid, &cfg)?;
     }
     Ok(())
 }

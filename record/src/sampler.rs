@@ -105,10 +105,6 @@ pub struct Sampler {
     lua_yield_rate: Option<(Instant, u64)>,
     lua_waits_stopped: Option<f64>,
     latency: latency::LatencyLinks,
-    /// Binaries whose lua_close is probed (true) or could not be (false), and the last
-    /// serial given to a Lua configuration.
-    vm_closes: std::collections::HashMap<String, bool>,
-    serial: u32,
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -142,9 +138,6 @@ impl LoaderWatch {
         Ok(LoaderWatch { _ebpf: ebpf, ring })
     }
 }
-
-/// Whether BPF proves each remembered call site by reading its proto (see vm_serial).
-const PROVE_SITES_BY_READ: bool = true;
 
 impl Sampler {
     pub fn attach(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
@@ -307,8 +300,6 @@ impl Sampler {
             _targets: targets,
             loader,
             lua_wait_links: Vec::new(),
-            vm_closes: std::collections::HashMap::new(),
-            serial: 0,
             lua_yield_rate: None,
             lua_waits_stopped: None,
             latency: Default::default(),
@@ -331,51 +322,9 @@ impl Sampler {
         }
     }
 
-    /// Lets the BPF program walk the Lua stacks of process `pid` with this layout, its VM
-    /// in binary `path`.
-    pub fn set_lua_config(
-        &mut self,
-        pid: u32,
-        path: &str,
-        cfg: &RawLuaConfig,
-    ) -> Result<(), SamplerError> {
-        let cfg = RawLuaConfig {
-            serial: self.vm_serial(path),
-            closes: 0,
-            ..*cfg
-        };
-        insert_config(&mut self.lua_config, "lua_config", pid, &cfg)
-    }
-
-    /// A new serial for a configuration of a VM in binary `path` when its lua_close is
-    /// counted (uprobes on its entry and return, ebpf/sample.bpf.c; attached the first
-    /// time), else 0. With one, BPF takes the call sites it remembers for the process as
-    /// proved while no VM of it closed (lua_sites); without, it reads each one's proto.
-    fn vm_serial(&mut self, path: &str) -> u32 {
-        // Not used yet: a generation and the closure do not prove a site inside one VM
-        // whose collected code is reloaded at the same addresses (tests/jit.rs flush_gc64
-        // named `run` of phase 9 above `hot` of phase 19). Every site is proved by a read.
-        if PROVE_SITES_BY_READ {
-            return 0;
-        }
-        let probed = match self.vm_closes.get(path) {
-            Some(&probed) => probed,
-            None => {
-                let probed = ["on_lua_close", "on_lua_close_return"].iter().all(|prog| {
-                    self.uprobe(prog).is_ok_and(|p| {
-                        p.attach("lua_close", path, UProbeScope::AllProcesses)
-                            .is_ok()
-                    })
-                });
-                self.vm_closes.insert(path.to_string(), probed);
-                probed
-            }
-        };
-        if !probed {
-            return 0;
-        }
-        self.serial += 1;
-        self.serial
+    /// Lets the BPF program walk the Lua stacks of process `pid` with this layout.
+    pub fn set_lua_config(&mut self, pid: u32, cfg: &RawLuaConfig) -> Result<(), SamplerError> {
+        insert_config(&mut self.lua_config, "lua_config", pid, cfg)
     }
 
     /// Times the waits of Lua coroutines that yield to C in the LuaJIT VM of binary
@@ -463,18 +412,8 @@ impl Sampler {
     }
 
     /// Lets the BPF program walk the PUC Lua stacks of process `pid` with this layout.
-    pub fn set_puc_config(
-        &mut self,
-        pid: u32,
-        path: &str,
-        cfg: &RawPucConfig,
-    ) -> Result<(), SamplerError> {
-        let cfg = RawPucConfig {
-            serial: self.vm_serial(path),
-            closes: 0,
-            ..*cfg
-        };
-        insert_config(&mut self.puc_config, "puc_config", pid, &cfg)
+    pub fn set_puc_config(&mut self, pid: u32, cfg: &RawPucConfig) -> Result<(), SamplerError> {
+        insert_config(&mut self.puc_config, "puc_config", pid, cfg)
     }
 
     /// Waits up to `timeout` for samples, news from the loader, or `also` (the target's

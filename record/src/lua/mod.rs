@@ -92,7 +92,7 @@ struct ProcessVm {
     mem: Option<File>,
 }
 
-#[derive(PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct ProtoKey {
     pid: u32,
     ptr: u64,
@@ -144,6 +144,9 @@ pub struct LuaVms {
     protos: FxHashMap<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
     copied: FxHashMap<ProtoKey, RawLuaProto>,
+    /// Protos frames named before BPF's copy of them came: their reserved id, and whether
+    /// PUC Lua's.
+    late: FxHashMap<ProtoKey, (u32, bool)>,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
     /// Lua frames BPF walked, those it named from remembered call sites, and the sites
@@ -289,6 +292,8 @@ impl LuaVms {
         let key = proto_key!(p.tgid, p);
         if !self.protos.contains_key(&key) {
             self.copied.insert(key, p);
+        } else {
+            self.late_copy(&key, &p);
         }
     }
 
@@ -358,12 +363,6 @@ impl LuaVms {
                 p.path
             ),
         }
-    }
-
-    /// The binary holding process `pid`'s LuaJIT (`puc`: PUC Lua) interpreter.
-    pub fn vm_path(&self, pid: u32, puc: bool) -> Option<String> {
-        let vms = if puc { &self.puc } else { &self.luajit };
-        vms.get(&pid).map(|p| p.path.clone())
     }
 
     /// BPF configurations that became known since the last call.
@@ -500,44 +499,26 @@ impl LuaVms {
                 self.unnamed
             ));
         }
-        let pending: Vec<(u32, u32)> = self
-            .luajit
-            .iter()
-            .filter_map(|(&pid, p)| match p.detection {
-                Detection::Pending { tries, .. } => Some((pid, tries)),
+        // Layouts still being proved: a VM that never ran is listed as idle, one that ran
+        // gives up with its count of samples.
+        let pending: Vec<(u32, bool, u32)> = (self.luajit.iter().map(|(&pid, p)| (pid, false, p)))
+            .chain(self.puc.iter().map(|(&pid, p)| (pid, true, p)))
+            .filter_map(|(pid, puc, p)| match p.detection {
+                Detection::Pending { tries, .. } | Detection::PucPending { tries, .. } => {
+                    Some((pid, puc, tries))
+                }
                 _ => None,
             })
             .collect();
-        for (pid, tries) in pending {
-            match tries {
-                0 => self.idle(pid, false),
-                _ => self.fail(
-                    pid,
-                    format!(
-                        "its layout was not proved before the recording ended ({tries} samples \
-                         in it)"
-                    ),
-                ),
-            }
-        }
-        let pending: Vec<(u32, u32)> = self
-            .puc
-            .iter()
-            .filter_map(|(&pid, p)| match p.detection {
-                Detection::PucPending { tries, .. } => Some((pid, tries)),
-                _ => None,
-            })
-            .collect();
-        for (pid, tries) in pending {
-            match tries {
-                0 => self.idle(pid, true),
-                _ => self.fail_puc(
-                    pid,
-                    format!(
-                        "the layout learned from it was not proved before the recording ended \
-                         ({tries} samples in it)"
-                    ),
-                ),
+        for (pid, puc, tries) in pending {
+            let why = format!(
+                "the layout learned from it was not proved before the recording ended ({tries} \
+                 samples in it)"
+            );
+            match (tries, puc) {
+                (0, _) => self.idle(pid, puc),
+                (_, false) => self.fail(pid, why),
+                (_, true) => self.fail_puc(pid, why),
             }
         }
     }

@@ -48,17 +48,17 @@ impl LuaVms {
         // and lines may since belong to another: memory is reused after GC).
         let mem = self.luajit.get(&pid).and_then(|p| p.mem.as_ref());
         let live = mem.and_then(|m| luajit::read_proto(m, layout, f));
-        let read = match self.copied.remove(&key).map(|c| {
-            let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
-            copied_proto(&c, luajit::lines(raw, c.firstline, c.numline, c.sizebc))
-        }) {
+        let read = match self.copied.remove(&key).map(|c| luajit_copy(&c)) {
             Some(copy) => Some(match live {
                 Some(l) if l.chunkname == copy.chunkname && l.lines == copy.lines => l,
                 _ => copy,
             }),
             None => live,
         };
-        self.new_proto(key, read)
+        match read {
+            Some(read) => self.new_proto(key, Some(read)),
+            None => self.reserve(key, false),
+        }
     }
 
     /// The id of a PUC Lua frame's proto, from BPF's copy (see [`Self::proto`]).
@@ -68,29 +68,62 @@ impl LuaVms {
             return id.unwrap_or(u32::MAX);
         }
         let mem = self.puc.get(&pid).and_then(|p| p.mem.as_ref());
-        let read = self.copied.remove(&key).map(|c| {
-            let abi = RawPucConfig::new(rel);
-            let mut p = copied_proto(&c, puc::lines(&c, &abi));
-            // The frame's numline is lastlinedefined.
-            p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
-            // The callees' names, from the live proto if it still is this one.
-            if let Some(code) = mem.and_then(|m| puc::read_code(m, rel, f, &p.chunkname)) {
-                p.callee_names = crate::lua::puc_names::callee_names(&code);
-            }
-            p
-        });
-        self.new_proto(key, read)
+        let Some(c) = self.copied.remove(&key) else {
+            return self.reserve(key, true);
+        };
+        let mut p = puc_copy(&c, rel);
+        // The callees' names, from the live proto if it still is this one.
+        let head = &c.code_head[..(c.code_words as usize).min(c.code_head.len())];
+        if let Some(code) = mem.and_then(|m| puc::read_code(m, rel, f, &p.chunkname, head)) {
+            p.callee_names = crate::lua::puc_names::callee_names(&code);
+        }
+        self.new_proto(key, Some(p))
+    }
+
+    /// A frame's proto whose copy has not reached lrec yet (BPF's two rings are read in
+    /// turn, and a sample on one CPU may name a proto another CPU's sample is still
+    /// sending): its id now, its record when the copy comes ([`Self::late_copy`]).
+    fn reserve(&mut self, key: ProtoKey, puc: bool) -> u32 {
+        let id = self.next_proto;
+        self.next_proto += 1;
+        self.late.insert(key, (id, puc));
+        self.protos.insert(key, Some(id));
+        id
+    }
+
+    /// BPF's copy `c` of a proto that frames already named by a reserved id: its record,
+    /// written now (lanalyze reads a capture's protos before its frames), if frames wait
+    /// for it.
+    pub(super) fn late_copy(&mut self, key: &ProtoKey, c: &RawLuaProto) {
+        let Some((id, puc)) = self.late.remove(key) else {
+            return;
+        };
+        let proto = match puc {
+            false => Some(luajit_copy(c)),
+            true => self.puc.get(&key.pid).and_then(|p| match &p.detection {
+                super::Detection::Puc(rel) => Some(puc_copy(c, rel)),
+                _ => None,
+            }),
+        };
+        if let Some(mut proto) = proto.filter(|p| self.is_named(p)) {
+            proto.pid = key.pid;
+            proto.id = id;
+            self.records.push(Record::LuaProto(proto));
+        }
+    }
+
+    /// Whether a proto's chunk name reads as a name; the summary counts those that do not.
+    fn is_named(&mut self, p: &LuaProto) -> bool {
+        let ok = luajit::is_name(p.chunkname.as_bytes()) && !p.chunkname.contains('\u{fffd}');
+        self.unnamed += u64::from(!ok);
+        ok
     }
 
     /// Gives a proto read for `key` its id and queues its record. A chunk name that does
     /// not read as a name (control bytes, invalid UTF-8: memory read with a wrong layout,
     /// or freed) is no name: the frame stays unnamed, and the summary counts it.
     fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
-        let read = read.filter(|p| {
-            let ok = luajit::is_name(p.chunkname.as_bytes()) && !p.chunkname.contains('\u{fffd}');
-            self.unnamed += u64::from(!ok);
-            ok
-        });
+        let read = read.filter(|p| self.is_named(p));
         let id = read.map(|mut proto| {
             let id = self.next_proto;
             self.next_proto += 1;
@@ -102,6 +135,19 @@ impl LuaVms {
         self.protos.insert(key, id);
         id.unwrap_or(u32::MAX)
     }
+}
+
+/// A LuaJIT proto from BPF's copy.
+fn luajit_copy(c: &RawLuaProto) -> LuaProto {
+    let raw = &c.lineinfo[..(c.lineinfo_len as usize).min(c.lineinfo.len())];
+    copied_proto(c, luajit::lines(raw, c.firstline, c.numline, c.sizebc))
+}
+
+/// A PUC Lua proto from BPF's copy (the frame's numline is lastlinedefined).
+fn puc_copy(c: &RawLuaProto, rel: &PucLayout) -> LuaProto {
+    let mut p = copied_proto(c, puc::lines(c, &RawPucConfig::new(rel)));
+    p.numline = (c.numline as i32 - c.firstline).max(0) as u32;
+    p
 }
 
 /// A proto from BPF's copy: its chunk name, and its lines as the VM's decoder read them

@@ -78,9 +78,18 @@ fn read_string(mem: &File, l: &Layout, s: u64) -> Option<String> {
 
 /// Reads the code and names of the proto frame `f` ran, in the live process, if it still
 /// is that one before and after the reads: the same source string (named `chunkname`, as
-/// BPF copied it), lines and size (a VM that frees it meanwhile, and another proto put
-/// there, fail it).
-pub fn read_code(mem: &File, l: &Layout, f: &RawLuaFrame, chunkname: &str) -> Option<Code> {
+/// BPF copied it), lines and size, and code that begins with the instructions BPF copied
+/// (`head`) when the sample ran it. A proto freed before or during the reads keeps its
+/// header's fields (an allocator overwrites a freed block's first bytes only), but not its
+/// code's first instructions, nor when another takes the block: without `head` there is
+/// no proof, and no read.
+pub fn read_code(
+    mem: &File,
+    l: &Layout,
+    f: &RawLuaFrame,
+    chunkname: &str,
+    head: &[u32],
+) -> Option<Code> {
     let o = &l.offsets;
     let (pt, sizecode) = (f.ptr, f.sizebc);
     let version = l.rules.version;
@@ -95,13 +104,19 @@ pub fn read_code(mem: &File, l: &Layout, f: &RawLuaFrame, chunkname: &str) -> Op
     // A chunk name longer than BPF copies is not compared.
     let named =
         |s: Option<String>| chunkname.len() >= LUA_CHUNKNAME || s.as_deref() == Some(chunkname);
+    let words = |n: u32| {
+        Some(
+            read_array(mem, pt + u64::from(o.p_code), n, 4)?
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect::<Vec<u32>>(),
+        )
+    };
+    let proved = |code: &[u32]| !head.is_empty() && code.starts_with(head);
     if !has_key() || !named(read_string(mem, l, f.chunkname)) {
         return None;
     }
-    let code = read_array(mem, pt + u64::from(o.p_code), sizecode, 4)?
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let code = words(sizecode).filter(|c| proved(c))?;
     // String constants: 5.1 tags strings 4; later releases 0x44 (short) and 0x54 (long).
     let k = read_array(mem, pt + u64::from(o.p_k), u32_at(o.p_sizek)?, 16)?
         .chunks_exact(16)
@@ -140,7 +155,8 @@ pub fn read_code(mem: &File, l: &Layout, f: &RawLuaFrame, chunkname: &str) -> Op
         Some((name, start, end))
     })
     .collect();
-    has_key().then_some(Code {
+    let still = words(head.len() as u32).is_some_and(|c| proved(&c));
+    (still && has_key()).then_some(Code {
         version,
         code,
         k,
@@ -196,6 +212,7 @@ pub fn lines(c: &RawLuaProto, abi: &RawPucConfig) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raw::LUA_CODE_HEAD;
     use lrec_inspect::lua::puc::releases::release;
 
     fn proto(sizebc: u32, firstline: i32, lineinfo: &[u8], abs: &[(i32, i32)]) -> RawLuaProto {
@@ -210,6 +227,8 @@ mod tests {
             lineinfo_len: lineinfo.len() as u32,
             abs_len: (abs.len() * 8) as u32,
             name_id: 0,
+            code_words: 0,
+            code_head: [0; crate::raw::LUA_CODE_HEAD],
             name: [0; crate::raw::LUA_CHUNKNAME],
             lineinfo: [0; LUA_LINEINFO],
         };
@@ -220,6 +239,85 @@ mod tests {
             p.lineinfo[at + 4..at + 8].copy_from_slice(&line.to_le_bytes());
         }
         p
+    }
+
+    /// A 5.4 proto `top(n) return mid(n) + 1 end` at 0x1000 in a file standing for the
+    /// process's memory: its source string at 0x2000, code at 0x3000, upvalue names at
+    /// 0x4000.
+    fn memory_with_a_proto() -> (File, Layout, RawLuaFrame, Vec<u32>) {
+        let l = release(4, 4).unwrap().layout();
+        let o = l.offsets;
+        let path = std::env::temp_dir().join(format!("lrec-puc-mem-{}", std::process::id()));
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let put = |at: u64, b: &[u8]| f.write_all_at(b, at).unwrap();
+        let (pt, src, code, upv, mid) = (0x1000u64, 0x2000u64, 0x3000u64, 0x4000u64, 0x5000);
+        // GETUPVAL 1 0; MOVE 2 0; CALL 1 2 2; ADDI; MMBINI; RETURN1; RETURN0.
+        let words = [
+            0x0000_0089u32,
+            0x0000_0100,
+            0x0202_00c4,
+            0x8001_0095,
+            0x0601_00af,
+        ];
+        for (s, text) in [(src, &b"top.lua"[..]), (mid, &b"mid"[..])] {
+            put(s + 8, &[0x04]);
+            put(s + u64::from(o.s_shrlen), &[text.len() as u8]);
+            put(s + u64::from(o.s_data), text);
+        }
+        let field = |off: u32, v: &[u8]| put(pt + u64::from(off), v);
+        field(o.p_source, &src.to_le_bytes());
+        field(o.p_linedefined, &3u32.to_le_bytes());
+        field(o.p_lastlinedefined, &3u32.to_le_bytes());
+        field(o.p_sizecode, &(words.len() as u32).to_le_bytes());
+        field(o.p_code, &code.to_le_bytes());
+        field(o.p_sizeupvalues, &1u32.to_le_bytes());
+        field(o.p_upvalues, &upv.to_le_bytes());
+        put(upv, &mid.to_le_bytes());
+        for (i, w) in words.iter().enumerate() {
+            put(code + 4 * i as u64, &w.to_le_bytes());
+        }
+        let frame = RawLuaFrame {
+            ptr: pt,
+            chunkname: src,
+            cframe: 0,
+            firstline: 3,
+            numline: 3,
+            sizebc: words.len() as u32,
+            pos: 2,
+            ffid: 0,
+            link: 0,
+            check: 0,
+            pad: 0,
+            name_id: 0,
+        };
+        (f, l, frame, words.to_vec())
+    }
+
+    #[test]
+    fn live_code_is_read_only_when_it_begins_as_the_sample_saw_it() {
+        let (mem, l, f, words) = memory_with_a_proto();
+        let m = &mem;
+        let head = &words[..LUA_CODE_HEAD.min(words.len())];
+        let code = read_code(m, &l, &f, "top.lua", head).expect("the proto is read");
+        assert_eq!(code.code, words);
+        assert_eq!(
+            crate::lua::puc_names::callee_names(&code)[0],
+            (2, "mid".to_string())
+        );
+        // No copy of the head: no proof, no read.
+        assert!(read_code(m, &l, &f, "top.lua", &[]).is_none());
+        // Freed: the allocator wrote its list pointer over the code's first instructions,
+        // while the proto's header still reads as before.
+        m.write_all_at(&0x5555_1234_5678u64.to_le_bytes(), 0x3000)
+            .unwrap();
+        assert!(read_code(m, &l, &f, "top.lua", head).is_none());
     }
 
     #[test]
