@@ -92,7 +92,7 @@ pub(crate) fn assemble(
     let threads = index_threads(&mut samples, |pid, tid| meta.thread_name(pid, tid));
     let processes = meta.process_names(&threads);
 
-    let mut stats = sample_stats(&samples, meta.lost);
+    let mut stats = sample_stats(&samples, meta.lost, meta.lost_causes.clone());
     let mut no_unwind_info: BTreeMap<WithoutUnwindInfo, u64> = BTreeMap::new();
     let mut no_mappings: BTreeMap<u32, u64> = BTreeMap::new();
     let mut lua_unplaced: BTreeMap<u32, u64> = BTreeMap::new();

@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 
 use lrec_format::{
-    kind, kind_bit, Binary, Capture, End, Header, Latency, LatencyCall, LuaProto, LuaRuntime,
-    Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedDetails, ResolvedFrame,
-    ResolvedSample, ResolvedSummary, ThreadStates,
+    kind, kind_bit, Binary, Capture, End, Header, Latency, LatencyCall, LostCauses, LuaProto,
+    LuaRuntime, Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedDetails,
+    ResolvedFrame, ResolvedSample, ResolvedSummary, ThreadStates,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -25,6 +25,7 @@ pub struct Metadata {
     pub binaries: Vec<Binary>,
     pub kernel_symbols: Vec<(u64, u64, String)>,
     pub lost: u64,
+    pub lost_causes: Option<LostCauses>,
     pub end: Option<End>,
     /// Lua VMs found, per process and binary (a process may hold LuaJIT and PUC Lua).
     pub lua_runtimes: HashMap<(u32, String), LuaRuntime>,
@@ -175,6 +176,7 @@ impl Metadata {
             }
             Record::KernelSymbols(k) => self.kernel_symbols.extend(k.symbols),
             Record::Lost(l) => self.lost += l.count,
+            Record::LostCauses(c) => self.lost_causes = Some(c),
             Record::End(e) => self.end = Some(e),
             Record::LuaRuntime(r) => {
                 // A runtime that validated wins over an earlier failure.

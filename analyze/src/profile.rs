@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use lrec_format::{Header, Latency, LatencyCall};
+use lrec_format::{Header, Latency, LatencyCall, LostCauses};
 
 /// Index into [`Profile::frames`].
 pub type FrameId = u32;
@@ -236,6 +236,8 @@ pub struct Stats {
     pub samples: u64,
     /// Samples the kernel dropped (from `Lost` records).
     pub lost: u64,
+    /// Why, when lrec said (a capture cut short, or older, does not).
+    pub lost_causes: Option<LostCauses>,
     /// Stacks that stopped before their root function.
     pub truncated: u64,
     /// Samples for which not even one user frame beyond the leaf could be found, or whose

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
 
+use lrec_format::LostCauses;
 use rustc_hash::FxHashMap;
 
 use crate::address_space::AddressSpace;
@@ -241,10 +242,16 @@ pub(crate) fn index_threads(
     threads
 }
 
-/// The counters of a profile's samples; `lost` is what the kernel reported dropped.
-pub(crate) fn sample_stats(samples: &[ProfileSample], lost: u64) -> Stats {
+/// The counters of a profile's samples; `lost` is what the kernel reported dropped, and
+/// `lost_causes` why, when lrec said.
+pub(crate) fn sample_stats(
+    samples: &[ProfileSample],
+    lost: u64,
+    lost_causes: Option<LostCauses>,
+) -> Stats {
     let mut stats = Stats {
         lost,
+        lost_causes,
         ..Stats::default()
     };
     for s in samples {

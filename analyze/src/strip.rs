@@ -93,6 +93,9 @@ pub fn write_stripped(
         };
         w.push(&lost.into())?;
     }
+    if let Some(causes) = &profile.stats.lost_causes {
+        w.push(&causes.clone().into())?;
+    }
     let end = End {
         time_ns: last,
         samples: profile.stats.samples,
@@ -151,7 +154,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
             lua_states: (details.lua_states.iter())
                 .map(|s| ((s.pid, s.puc), s.vms as usize))
                 .collect(),
-            ..sample_stats(&samples, meta.lost)
+            ..sample_stats(&samples, meta.lost, meta.lost_causes.clone())
         },
         header,
         samples,

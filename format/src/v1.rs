@@ -68,6 +68,8 @@ pub mod kind {
     /// A Lua VM's heap census and paths in a stripped capture
     /// ([`ResolvedHeap`](crate::heap::ResolvedHeap)).
     pub const RESOLVED_HEAP: u16 = 31;
+    /// Why samples were lost ([`LostCauses`](super::LostCauses)), written at the end.
+    pub const LOST_CAUSES: u16 = 32;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -290,6 +292,52 @@ pub enum RecordRef<'a> {
 pub struct Lost {
     pub time_ns: u64,
     pub count: u64,
+}
+
+/// Why the samples counted in `Lost` records were lost: each time the kernel reported
+/// more, whether lrec's drain had run late (it waited for a CPU: the machine was
+/// saturated) or on time (the ring is too small for the rate). Written at the end of a
+/// recording that lost samples.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LostCauses {
+    /// Samples lost while the drain ran late.
+    pub starved: u64,
+    /// Samples lost although the drain ran on time.
+    pub ring_full: u64,
+    /// How late the drain ran at worst (ns past its tick).
+    pub worst_late_ns: u64,
+    /// The ring's size.
+    pub ring_bytes: u64,
+}
+
+impl LostCauses {
+    /// How late a drain may run before the samples lost meanwhile count as starved.
+    pub const LATE_NS: u64 = 50_000_000;
+
+    /// One sentence: why, and what to do, for `lost` samples lost in all.
+    pub fn explain(&self, lost: u64) -> String {
+        let mut parts = Vec::new();
+        if self.starved > 0 {
+            parts.push(format!(
+                "{} while lrec waited for a CPU (its drain ran up to {} ms late: the \
+                 machine was saturated; as root lrec runs at nice -20, as a user it cannot)",
+                self.starved,
+                self.worst_late_ns / 1_000_000
+            ));
+        }
+        if self.ring_full > 0 {
+            parts.push(format!(
+                "{} with the {} MiB ring full although drained on time (raise --ring-mib, or \
+                 lower -F)",
+                self.ring_full,
+                self.ring_bytes >> 20
+            ));
+        }
+        match parts.is_empty() {
+            true => format!("{lost} lost"),
+            false => format!("{lost} lost: {}", parts.join("; ")),
+        }
+    }
 }
 
 /// Kernel symbols covering the kernel addresses seen in samples (from /proc/kallsyms).
@@ -660,4 +708,34 @@ records!(
     LuaHeapCopy = LUA_HEAP_COPY,
     LuaHeapMemory = LUA_HEAP_MEMORY,
     ResolvedHeap = RESOLVED_HEAP,
+    LostCauses = LOST_CAUSES,
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_samples_are_explained_with_what_to_do() {
+        let starved = LostCauses {
+            starved: 900,
+            ring_full: 0,
+            worst_late_ns: 850_000_000,
+            ring_bytes: 16 << 20,
+        };
+        let text = starved.explain(900);
+        assert!(
+            text.starts_with("900 lost: 900 while lrec waited for a CPU"),
+            "{text}"
+        );
+        assert!(text.contains("850 ms late"), "{text}");
+        let full = LostCauses {
+            ring_full: 12,
+            ..starved.clone()
+        };
+        let text = full.explain(912);
+        assert!(text.contains("12 with the 16 MiB ring full"), "{text}");
+        assert!(text.contains("--ring-mib"), "{text}");
+        assert_eq!(LostCauses::default().explain(3), "3 lost");
+    }
+}

@@ -44,17 +44,21 @@ pub struct Embedder {
     done: Receiver<Embedded>,
     /// Jobs submitted and not yet handed back.
     queued: usize,
+    thread: crate::procfs::Yielding,
 }
 
 impl Embedder {
     pub fn new() -> Embedder {
         let (jobs, inbox) = channel::<Job>();
         let (outbox, done) = channel();
+        let thread = crate::procfs::Yielding::default();
+        let yielding = thread.clone();
         std::thread::Builder::new()
             .name("lrec-embed".into())
             .spawn(move || {
-                // Reading and compressing binaries yields to the target on a busy machine.
-                crate::procfs::lower_priority();
+                // Reading and compressing binaries yields to the target on a busy machine,
+                // until lrec waits for it.
+                yielding.lower();
                 for job in inbox {
                     let level = job.level;
                     let binary = embed(job);
@@ -82,6 +86,7 @@ impl Embedder {
             jobs,
             done,
             queued: 0,
+            thread,
         }
     }
 
@@ -100,6 +105,9 @@ impl Embedder {
 
     /// Waits for every binary submitted so far; more may be submitted afterwards.
     pub fn wait(&mut self) -> Vec<Embedded> {
+        // Now on lrec's way: and at lrec's exit, a thread at nice +10 among a saturating
+        // target's would wait seconds for a CPU to end.
+        self.thread.hurry();
         let mut done = Vec::with_capacity(self.queued);
         while self.queued > 0 {
             let Ok(binary) = self.done.recv() else {

@@ -97,13 +97,67 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Lowers the calling thread's scheduling priority (nice +10); threads it spawns inherit it.
-pub fn lower_priority() {
-    // SAFETY: setpriority on the calling thread (who = 0) has no memory effects; a failure
-    // only leaves the priority as it was.
+/// The nice value lrec was started with (before [`raise_priority`]), which a command it
+/// starts gets back.
+pub static STARTED_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Raises the calling thread's scheduling priority to the highest of its class (nice -20;
+/// root only, else it stays as it was), noting the one it had ([`STARTED_NICE`]): the
+/// thread that drains the samples must keep up when the target's threads leave no CPU
+/// idle, or the ring fills and samples are lost. Not a realtime class: a bug in lrec
+/// cannot take a CPU from everything else. Threads it spawns inherit it (those whose work
+/// can wait lower themselves: [`Yielding`]).
+pub fn raise_priority() {
+    // SAFETY: getpriority and setpriority on the calling thread (who = 0) have no memory
+    // effects; a failure only leaves the priority as it was.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if *libc::__errno_location() == 0 {
+            STARTED_NICE.store(nice, std::sync::atomic::Ordering::Relaxed);
+        }
+        libc::setpriority(libc::PRIO_PROCESS, 0, -20);
     }
+}
+
+/// A thread of lrec's that yields to the target (nice +10) while what it does can wait,
+/// and is raised to lrec's own priority once lrec waits for it ([`Yielding::hurry`]): on a
+/// machine the target saturates, a thread at nice +10 gets next to no CPU, and the end of
+/// the recording would wait for it for as long.
+#[derive(Clone, Default)]
+pub struct Yielding {
+    tid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+}
+
+impl Yielding {
+    /// Called on the thread itself: lowers its priority and notes its id.
+    pub fn lower(&self) {
+        // SAFETY: gettid and setpriority on the calling thread (who = 0) have no memory
+        // effects; a failure only leaves the priority as it was.
+        unsafe {
+            self.tid
+                .store(libc::gettid(), std::sync::atomic::Ordering::Relaxed);
+            libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+        }
+    }
+
+    /// Raises the thread to the priority lrec drains at (it is now on lrec's way).
+    pub fn hurry(&self) {
+        let tid = self.tid.load(std::sync::atomic::Ordering::Relaxed);
+        if tid > 0 {
+            // SAFETY: setpriority of one of our own threads; a failure leaves it as it was.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20) };
+        }
+    }
+}
+
+/// The calling thread's time on the run queue, waiting for a CPU (ns, 0 when unknown:
+/// /proc/thread-self/schedstat needs CONFIG_SCHEDSTATS).
+pub fn runqueue_wait_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A file mapped read-only: only the pages read are loaded, so reading the few sections of

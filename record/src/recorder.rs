@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use lrec_format::{
-    CaptureWriter, FormatError, Header, Lost, OffCpu, Record, ThreadName, OFF_CPU_LUA_YIELD,
+    CaptureWriter, FormatError, Header, Lost, LostCauses, OffCpu, Record, ThreadName,
+    OFF_CPU_LUA_YIELD,
 };
 
 use crate::embedder::Embedder;
@@ -128,12 +129,14 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             rec.add_process(pid)?;
         }
     }
+    let ring_bytes = args.ring_mib.unwrap_or_else(default_ring_mib) << 20;
+    rec.lost_causes.ring_bytes = u64::from(ring_bytes);
     let sampler = Sampler::attach(&SamplerConfig {
         pids: pids.clone(),
         follow_children: !args.no_children,
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
-        ring_bytes: args.ring_mib.unwrap_or_else(default_ring_mib) << 20,
+        ring_bytes,
         loaders: target.loaders(&args.command),
         off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
         states: args.states.is_some(),
@@ -203,15 +206,10 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
     let status = !args.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
     let mut states = args.states.map(StatesClock::new);
-    // lrec's own work (writing, compressing) yields to the target's on a busy machine,
-    // but only once the Lua VMs' layouts are told: until then, samples carry no Lua
-    // frames. (The embedding and symbol threads yield from the start.)
-    let mut lowered = false;
+    // This thread drains the ring at the highest priority of its class (main.rs): a
+    // target that saturates the CPUs must not starve it, or the ring fills and samples
+    // are lost. (The embedding and symbol threads yield to the target.)
     let reason = loop {
-        if !lowered && !rec.lua.detecting() {
-            procfs::lower_priority();
-            lowered = true;
-        }
         // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
         // than when the ring fills: until it is known, samples carry no Lua frames.
         let mut tick = match rec.lua.detecting() {
@@ -432,6 +430,9 @@ struct Recording {
     lua_waits: u64,
     state_samples: u64,
     lost: u64,
+    lost_causes: LostCauses,
+    /// The draining thread's time on the run queue when it last looked at the losses.
+    runqueue_ns: u64,
     /// `--latency`, `--node-loop`.
     latency: Option<Tracker>,
     /// When `-d` runs out (CLOCK_MONOTONIC ns), and the samples taken after it, dropped.
@@ -471,6 +472,8 @@ impl Recording {
             lua_waits: 0,
             state_samples: 0,
             lost: 0,
+            lost_causes: LostCauses::default(),
+            runqueue_ns: procfs::runqueue_wait_ns(),
             latency: None,
             deadline_ns: None,
             warming_up: false,
@@ -574,11 +577,23 @@ impl Recording {
         Ok(())
     }
 
+    /// Writes the samples lost since the last call (`total` counted so far), and whether
+    /// this thread, which drains the ring, waited for a CPU meanwhile (its run-queue time:
+    /// the target saturated the machine) or not (the ring is too small for the rate).
     fn note_lost(&mut self, total: u64) -> Result<()> {
+        let waited = procfs::runqueue_wait_ns();
+        let late = waited.saturating_sub(std::mem::replace(&mut self.runqueue_ns, waited));
+        let causes = &mut self.lost_causes;
         if total > self.lost {
+            let count = total - self.lost;
+            match late > LostCauses::LATE_NS {
+                true => causes.starved += count,
+                false => causes.ring_full += count,
+            }
+            causes.worst_late_ns = causes.worst_late_ns.max(late);
             let lost = Lost {
                 time_ns: procfs::monotonic_ns(),
-                count: total - self.lost,
+                count,
             };
             // The flight recorder keeps the window's lost counts itself.
             match self.writer.get_mut().flight_mut() {

@@ -47,7 +47,10 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
     writeln!(out)?;
     writeln!(out, "samples")?;
     writeln!(out, "  total:         {}", s.samples)?;
-    writeln!(out, "  lost:          {}", s.lost)?;
+    match &s.lost_causes {
+        Some(c) if s.lost > 0 => writeln!(out, "  lost:          {}", c.explain(s.lost))?,
+        _ => writeln!(out, "  lost:          {}", s.lost)?,
+    }
     writeln!(out, "  in kernel:     {}", s.kernel_samples)?;
     writeln!(
         out,

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use lrec_format::{End, KernelSymbols, Record, ThreadName};
+use lrec_format::{End, KernelSymbols, LostCauses, Record, ThreadName};
 
 use super::Recording;
 use crate::kallsyms::KallsymsTable;
@@ -17,6 +17,7 @@ use crate::procfs;
 pub struct Summary {
     pub samples: u64,
     pub lost: u64,
+    pub lost_causes: LostCauses,
     pub threads: usize,
     pub bytes: u64,
     /// `--off-cpu`: what was recorded and counted.
@@ -90,6 +91,7 @@ impl Summary {
         bpf_cost: Vec<(&str, u64, Duration)>,
     ) {
         print_totals(self.samples, self.lost, self.threads, elapsed, reason);
+        print_lost(self.lost, &self.lost_causes);
         if let Some(o) = &self.off_cpu {
             o.print();
         }
@@ -153,6 +155,13 @@ fn print_totals(samples: u64, lost: u64, threads: usize, elapsed: Duration, reas
         "lrec: {samples} samples ({lost} lost) from {threads} threads in {:.1} s, {reason}",
         elapsed.as_secs_f64()
     );
+}
+
+/// Why samples were lost, and what to do, when any were.
+fn print_lost(lost: u64, causes: &LostCauses) {
+    if lost > 0 {
+        eprintln!("lrec: {}", causes.explain(lost));
+    }
 }
 
 /// The last line of every summary: what to run next.
@@ -252,6 +261,7 @@ impl Recording {
         let (aged, aged_lost) = flight.aged();
         let (meta, ring) = flight.held_bytes();
         print_totals(self.samples, self.lost, self.threads(), elapsed, reason);
+        print_lost(self.lost, &self.lost_causes);
         eprintln!(
             "lrec: flight recorder kept the last {} s: {} in memory at the end ({} of samples, \
              {} of metadata)",
@@ -282,6 +292,10 @@ impl Recording {
         if let Some(syms) = self.settle()? {
             self.writer.push(&Record::KernelSymbols(syms))?;
         }
+        if self.lost > 0 {
+            self.writer
+                .push(&Record::LostCauses(self.lost_causes.clone()))?;
+        }
         self.writer.push(&Record::End(End {
             time_ns: procfs::monotonic_ns(),
             samples: self.samples,
@@ -297,6 +311,7 @@ impl Recording {
         Ok(Summary {
             samples: self.samples,
             lost: self.lost,
+            lost_causes: self.lost_causes.clone(),
             threads,
             bytes,
             off_cpu: self.off_cpu_summary.take(),
@@ -310,23 +325,28 @@ impl Recording {
 /// /proc/kallsyms, loading on a thread until first asked for (a failure said once).
 pub(super) struct Kallsyms {
     loading: Option<std::thread::JoinHandle<Result<KallsymsTable, procfs::ProcError>>>,
+    thread: procfs::Yielding,
     table: Option<KallsymsTable>,
 }
 
 impl Kallsyms {
     pub(super) fn load() -> Kallsyms {
+        let thread = procfs::Yielding::default();
+        let yielding = thread.clone();
         Kallsyms {
-            loading: Some(std::thread::spawn(|| {
-                crate::procfs::lower_priority();
+            loading: Some(std::thread::spawn(move || {
+                yielding.lower();
                 KallsymsTable::load()
             })),
+            thread,
             table: None,
         }
     }
 
     fn table(&mut self) -> Option<&KallsymsTable> {
-        if let Some(thread) = self.loading.take() {
-            self.table = match thread.join() {
+        if let Some(loading) = self.loading.take() {
+            self.thread.hurry();
+            self.table = match loading.join() {
                 Ok(Ok(table)) => Some(table),
                 Ok(Err(e)) => {
                     eprintln!("lrec: warning: kernel frames stay unnamed: {e}");
