@@ -8,7 +8,7 @@ APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev luajit2 libluajit
 BENCH_PACKAGES := linux-perf strace time
 DEMO_DIR := demo-out
 
-.PHONY: setup setup-bench build fixtures test demo bench fuzz lint clean
+.PHONY: setup setup-bench build dist fixtures test demo bench fuzz lint clean
 
 ## Installs what building and testing need (idempotent: installs only what is missing).
 setup:
@@ -30,11 +30,27 @@ endef
 build: setup
 	$(CARGO) build --release --workspace --all-targets
 
+## dist/lrec and dist/lanalyze: one static executable each (glibc linked in, no loader, no
+## libgcc_s), without debug info, their --version naming the commit: copy lrec to a server.
+DIST_TARGET := x86_64-unknown-linux-gnu
+DIST_VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1) \
+	($(shell git rev-parse --short=12 HEAD 2>/dev/null || echo "no git")$(shell \
+	git diff --quiet HEAD 2>/dev/null || echo "+changes"), static $(DIST_TARGET))
+dist: setup
+	LREC_VERSION="$(DIST_VERSION)" RUSTFLAGS="-C target-feature=+crt-static" \
+		$(CARGO) build --release --locked --target $(DIST_TARGET) --target-dir target/dist \
+		-p lrec -p lanalyze --config 'profile.release.debug=false' \
+		--config 'profile.release.strip="debuginfo"'
+	@mkdir -p dist
+	cp target/dist/$(DIST_TARGET)/release/lrec target/dist/$(DIST_TARGET)/release/lanalyze dist/
+	@ls -l dist/lrec dist/lanalyze; file -b dist/lrec | cut -d, -f1-6; dist/lrec --version
+
 fixtures: setup
 	$(MAKE) -C fixtures
 
-## Unit, snapshot, CLI and end-to-end tests (the e2e tests record with BPF: run as root).
-test: build fixtures
+## Unit, snapshot, CLI and end-to-end tests (the e2e tests record with BPF: run as root;
+## tests/dist.rs runs dist/lrec inside an empty root).
+test: build fixtures dist
 	$(CARGO) test --release --workspace
 
 ## Records a bundled LuaJIT workload for 4 s and writes a C + Lua flamegraph.
@@ -62,4 +78,4 @@ lint:
 clean:
 	$(CARGO) clean
 	$(MAKE) -C fixtures clean
-	rm -rf $(DEMO_DIR)
+	rm -rf $(DEMO_DIR) dist

@@ -56,7 +56,7 @@ EXAMPLES:
 
 /// Analyse an lrec capture: unwind, symbolize and render it.
 #[derive(Debug, Parser)]
-#[command(version, after_help = EXAMPLES)]
+#[command(version = lrec_inspect::VERSION, after_help = EXAMPLES)]
 #[command(group(clap::ArgGroup::new("tables").args(["states", "latency", "heap"])))]
 struct Cli {
     /// The capture written by `lrec -o` (with --diff: the BEFORE and AFTER captures).

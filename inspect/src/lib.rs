@@ -17,3 +17,10 @@ pub mod elf;
 pub mod files;
 pub mod lua;
 pub mod x86;
+
+/// Both tools' `--version`: the crate's, or what `make dist` gives (`LREC_VERSION`: the
+/// version, the commit and how it was built).
+pub const VERSION: &str = match option_env!("LREC_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};

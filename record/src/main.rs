@@ -44,7 +44,7 @@ CAP_BPF + CAP_PERFMON) and a kernel with BTF (/sys/kernel/btf/vmlinux).";
 /// Records a process's user registers, user stacks and kernel stacks with eBPF into one
 /// compressed capture that lanalyze unwinds and symbolizes offline.
 #[derive(Parser, Debug)]
-#[command(name = "lrec", version, after_help = EXAMPLES)]
+#[command(name = "lrec", version = lrec_inspect::VERSION, after_help = EXAMPLES)]
 #[command(group(clap::ArgGroup::new("target").args(["pid", "command"])))]
 pub struct Args {
     /// Record these running processes (`-p 12,34`): all their threads, also ones created
@@ -168,7 +168,8 @@ pub struct Args {
     /// lanalyze's (a symbolic link or a special file is never written through).
     #[arg(long)]
     pub force: bool,
-    /// Run `-- CMD` as this user (a login name or uid), with its groups, USER, LOGNAME and
+    /// Run `-- CMD` as this user (a login name or uid of /etc/passwd, or a numeric UID or
+    /// UID:GID for users only a directory service knows), with its groups, USER, LOGNAME and
     /// HOME. Without it CMD runs as lrec does: as root under sudo, as `perf record` runs
     /// it. lrec itself stays root (it needs BPF); its captures belong to the user who ran
     /// sudo either way.
@@ -215,6 +216,10 @@ pub enum DebugMode {
 }
 
 fn main() {
+    // lrec's own start (BTF, BPF, the target's binaries) and the thread that drains the
+    // samples must keep up when the target saturates the CPUs: from the first step. (A
+    // command lrec starts gets its priority back before it runs.)
+    procfs::raise_priority();
     let args = Args::parse();
     match run(args) {
         Ok(sampler) => exit_leaving_release(sampler),
@@ -237,11 +242,13 @@ fn exit_leaving_release<T>(held: T) -> ! {
         if libc::pipe(pipe.as_mut_ptr()) == 0 && libc::fork() == 0 {
             libc::close(pipe[1]);
             // Whoever reads lrec's output must not wait for this process.
+            // (A root without /dev, as tests/dist.rs's: closed instead.)
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-            if null >= 0 {
-                for fd in 0..3 {
-                    libc::dup2(null, fd);
-                }
+            for fd in 0..3 {
+                match null >= 0 {
+                    true => libc::dup2(null, fd),
+                    false => libc::close(fd),
+                };
             }
             let mut byte = 0u8;
             while libc::read(pipe[0], (&raw mut byte).cast(), 1) < 0 {}

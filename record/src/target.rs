@@ -28,7 +28,9 @@ pub enum TargetError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no such user: {0} (--user takes a login name or a numeric uid)")]
+    #[error(
+        "no such user: {0} (--user takes a login name of /etc/passwd, or a numeric UID or UID:GID)"
+    )]
     NoSuchUser(String),
 }
 
@@ -153,6 +155,7 @@ impl Target {
         }
         // SAFETY: getpid has no preconditions.
         let lrec = unsafe { libc::getpid() };
+        let nice = crate::procfs::STARTED_NICE.load(Ordering::Relaxed);
         // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
         // prctl, getppid, execvp, write, _exit) on memory prepared before the fork.
         let pid = unsafe { libc::fork() };
@@ -169,6 +172,8 @@ impl Target {
                 if b != 1 {
                     libc::_exit(127);
                 }
+                // The command runs at the priority lrec was started with, not lrec's own.
+                libc::setpriority(libc::PRIO_PROCESS, 0, nice);
                 if let Some(u) = user {
                     // Groups first, then the group, then the user: each needs root.
                     if libc::setgroups(u.groups.len(), u.groups.as_ptr()) != 0
@@ -414,51 +419,56 @@ pub struct User {
 }
 
 impl User {
-    /// Looks `name` (or a numeric uid) up.
+    /// Looks `name` (a login name, or a numeric uid) up in /etc/passwd and /etc/group,
+    /// as NSS's `files` service would: lrec reads them itself, so that a static lrec needs
+    /// no NSS module at run time. A uid that /etc/passwd does not list (a directory
+    /// service's) runs with its own number as its group, or `UID:GID`.
     pub fn lookup(name: &str) -> Result<User, TargetError> {
-        let unknown = || TargetError::NoSuchUser(name.to_string());
-        let cname = CString::new(name).map_err(|_| unknown())?;
-        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut found: *mut libc::passwd = std::ptr::null_mut();
-        let mut buf = vec![0 as libc::c_char; 16384];
-        // SAFETY: valid buffers of the sizes given; `found` points into them or is null.
-        let rc = match name.parse::<libc::uid_t>() {
-            Ok(uid) => unsafe {
-                libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
-            },
-            Err(_) => unsafe {
-                libc::getpwnam_r(
-                    cname.as_ptr(),
-                    &mut pw,
-                    buf.as_mut_ptr(),
-                    buf.len(),
-                    &mut found,
-                )
-            },
+        let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+        User::from_files(name, &read("/etc/passwd"), &read("/etc/group"))
+            .ok_or_else(|| TargetError::NoSuchUser(name.to_string()))
+    }
+
+    /// [`User::lookup`] on the texts of the password and group files.
+    fn from_files(name: &str, passwd: &str, group: &str) -> Option<User> {
+        let numeric = match name.split_once(':') {
+            Some((u, g)) => Some((u.parse().ok()?, Some(g.parse().ok()?))),
+            None => name.parse::<libc::uid_t>().ok().map(|u| (u, None)),
         };
-        if rc != 0 || found.is_null() {
-            return Err(unknown());
-        }
-        // SAFETY: the strings of a found entry are valid C strings in `buf`.
-        let text = |p: *const libc::c_char| unsafe {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        // name:password:uid:gid:gecos:home:shell
+        let entry = passwd.lines().find_map(|line| {
+            let f: Vec<&str> = line.split(':').collect();
+            let (uid, gid) = (f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?);
+            let wanted = match numeric {
+                Some((u, _)) => uid == u,
+                None => f[0] == name,
+            };
+            (wanted && f.len() >= 6).then(|| (f[0].to_string(), uid, gid, f[5].to_string()))
+        });
+        let (login, uid, gid, home) = match (entry, numeric) {
+            (Some((login, uid, gid, home)), Some((_, Some(g)))) if g != gid => {
+                (login, uid, g, home)
+            }
+            (Some(e), _) => e,
+            (None, Some((u, g))) => (u.to_string(), u, g.unwrap_or(u), "/".to_string()),
+            (None, None) => return None,
         };
-        let (login, home) = (text(pw.pw_name), text(pw.pw_dir));
-        let login_c = CString::new(login.as_bytes()).map_err(|_| unknown())?;
-        let mut groups = vec![0 as libc::gid_t; 256];
-        let mut n = groups.len() as libc::c_int;
-        // SAFETY: `groups` holds `n` entries; getgrouplist writes at most that many.
-        if unsafe { libc::getgrouplist(login_c.as_ptr(), pw.pw_gid, groups.as_mut_ptr(), &mut n) }
-            < 0
-        {
-            n = 1;
-            groups[0] = pw.pw_gid;
+        // name:password:gid:member,member
+        let mut groups = vec![gid];
+        for line in group.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            let Some(g) = f.get(2).and_then(|g| g.parse::<libc::gid_t>().ok()) else {
+                continue;
+            };
+            let member = f.get(3).is_some_and(|m| m.split(',').any(|m| m == login));
+            if member && !groups.contains(&g) {
+                groups.push(g);
+            }
         }
-        groups.truncate(n.max(0) as usize);
-        Ok(User {
+        Some(User {
             name: login,
-            uid: pw.pw_uid,
-            gid: pw.pw_gid,
+            uid,
+            gid,
             groups,
             home,
         })
@@ -483,5 +493,42 @@ impl User {
             env.extend(CString::new(format!("{k}={v}")));
         }
         env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\n\
+        nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n\
+        ann:x:1000:1000:Ann,,,:/home/ann:/bin/bash\n\
+        broken line\n";
+    const GROUP: &str =
+        "root:x:0:\nadm:x:4:ann,bob\nann:x:1000:\nwww:x:33:bob,ann\nnogroup:x:65534:\n";
+
+    #[test]
+    fn users_are_read_from_the_files_without_nss() {
+        let ann = User::from_files("ann", PASSWD, GROUP).unwrap();
+        assert_eq!(
+            (ann.uid, ann.gid, ann.home.as_str()),
+            (1000, 1000, "/home/ann")
+        );
+        assert_eq!(ann.groups, vec![1000, 4, 33]);
+        let by_uid = User::from_files("65534", PASSWD, GROUP).unwrap();
+        assert_eq!(
+            (by_uid.name.as_str(), by_uid.groups),
+            ("nobody", vec![65534])
+        );
+        // A uid no file lists (a directory service's): its number, as uid and group.
+        let other = User::from_files("4242", PASSWD, GROUP).unwrap();
+        assert_eq!(
+            (other.uid, other.gid, other.home.as_str()),
+            (4242, 4242, "/")
+        );
+        let with_gid = User::from_files("4242:33", PASSWD, GROUP).unwrap();
+        assert_eq!((with_gid.gid, with_gid.groups), (33, vec![33]));
+        assert!(User::from_files("no-such-user", PASSWD, GROUP).is_none());
+        assert!(User::from_files("1:x", PASSWD, GROUP).is_none());
     }
 }
