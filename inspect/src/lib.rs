@@ -9,7 +9,8 @@
 //!   and the C API's machine code) with the releases' layouts as cross-checks;
 //! - [`files`]: output files created safely (no links followed, nothing foreign replaced).
 //!
-//! The capture format itself (`lrec-format`) stays a leaf that knows none of this.
+//! The capture format itself (`lrec-format`) stays a leaf that knows none of this (of the
+//! OS it only opens, maps and writes files).
 
 pub mod debug_files;
 pub mod dwarf;
