@@ -7,7 +7,57 @@
 //! - lrec encodes every [`LuaStack`] (up to hundreds of frames a sample) with
 //!   [`encode_lua_stack`], and lanalyze decodes it with [`lua_stack`] (`None`: serde then).
 
-use crate::v1::{LuaFrame, LuaStack, Regs, SampleRef};
+use serde::Deserialize;
+
+use crate::v1::{kind, record_kinds, LuaFrame, LuaStack, Record, Regs, SampleRef};
+
+/// Decodes a whole payload with serde (bincode), trailing bytes being an error.
+pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
+    match bincode::serde::borrow_decode_from_slice(body, crate::bincode_config()) {
+        Ok((v, n)) if n == body.len() => Ok(v),
+        Ok((_, n)) => Err(format!("{} trailing bytes", body.len() - n)),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Every record kind's encoding and decoding ([`record_kinds`]): serde's bincode, but for
+/// [`LuaStack`], hand-written ([`encode_lua_stack`]).
+macro_rules! record_codec {
+    ($($variant:ident = $kind:ident),* $(,)?) => {
+        impl Record {
+            /// Appends the record's payload (bincode) to `buf`.
+            pub(crate) fn encode_payload(
+                &self,
+                buf: &mut Vec<u8>,
+            ) -> Result<(), bincode::error::EncodeError> {
+                let cfg = crate::bincode_config();
+                if let Record::LuaStack(r) = self {
+                    encode_lua_stack(r, buf);
+                    return Ok(());
+                }
+                match self {
+                    $(Record::$variant(r) => {
+                        bincode::serde::encode_into_std_write(r, buf, cfg).map(drop)
+                    })*
+                    Record::Unknown { payload, .. } => {
+                        buf.extend_from_slice(payload);
+                        Ok(())
+                    }
+                }
+            }
+
+            /// Decodes a payload of kind `k`; `Ok(None)` for kinds this version lacks.
+            pub(crate) fn decode_payload(k: u16, body: &[u8]) -> Result<Option<Record>, String> {
+                Ok(Some(match k {
+                    $(kind::$kind => Record::$variant(decode(body)?),)*
+                    _ => return Ok(None),
+                }))
+            }
+        }
+    };
+}
+
+record_kinds!(record_codec);
 
 /// bincode's varint markers: a value below 251 is one byte; these announce a u16, u32, u64.
 const U16: u8 = 251;
@@ -319,7 +369,6 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::reader::decode;
     use crate::v1::Sample;
 
     fn encode(s: &Sample) -> Vec<u8> {

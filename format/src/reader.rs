@@ -2,13 +2,11 @@
 
 use std::path::Path;
 
-use serde::Deserialize;
-
-use crate::codec::LastLuaStacks;
+use crate::codec::{decode, LastLuaStacks};
 use crate::v1::{kind, LuaStack, Record, RecordRef};
 use crate::{
-    bincode_config, chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC,
-    FILE_HEADER_LEN, FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
+    chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FILE_HEADER_LEN,
+    FORMAT_VERSION, MAGIC, MAX_CHUNK_LEN,
 };
 
 /// Something wrong with a capture that did not stop it from being read.
@@ -339,14 +337,6 @@ pub(crate) fn merge_unknown(warnings: Vec<ReadWarning>) -> Vec<ReadWarning> {
 
 thread_local! {
     static CHUNK_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-pub(crate) fn decode<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, String> {
-    match bincode::serde::borrow_decode_from_slice(body, bincode_config()) {
-        Ok((v, n)) if n == body.len() => Ok(v),
-        Ok((_, n)) => Err(format!("{} trailing bytes", body.len() - n)),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 /// Decodes a `LUA_STACK` or `LUA_STACK_SHARED` record (kind `k`) in full, its shared

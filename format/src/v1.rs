@@ -624,8 +624,44 @@ pub struct ResolvedWarning {
     pub count: u64,
 }
 
-/// The record kinds of this version: one line each generates the [`Record`] variant, its
-/// kind number, its encoding and decoding, and `From<T> for Record`.
+/// The record kinds of this version, one line each: `$then!` is called with the list.
+/// Here it generates the [`Record`] variant, its kind number and `From<T> for Record`
+/// ([`records`]); in `codec.rs`, its encoding and decoding.
+macro_rules! record_kinds {
+    ($then:ident) => {
+        $then!(
+            Header = HEADER,
+            Process = PROCESS,
+            ThreadName = THREAD_NAME,
+            Mapping = MAPPING,
+            Binary = BINARY,
+            Sample = SAMPLE,
+            Lost = LOST,
+            End = END,
+            KernelSymbols = KERNEL_SYMBOLS,
+            LuaStack = LUA_STACK,
+            LuaProto = LUA_PROTO,
+            LuaRuntime = LUA_RUNTIME,
+            ResolvedFrames = RESOLVED_FRAMES,
+            ResolvedSample = RESOLVED_SAMPLE,
+            ResolvedSummary = RESOLVED_SUMMARY,
+            OffCpu = OFF_CPU,
+            ThreadStates = THREAD_STATES,
+            OffCpuTotals = OFF_CPU_TOTALS,
+            Latency = LATENCY,
+            LatencyCall = LATENCY_CALL,
+            ResolvedDetails = RESOLVED_DETAILS,
+            LuaHeap = LUA_HEAP,
+            LuaHeapCopy = LUA_HEAP_COPY,
+            LuaHeapMemory = LUA_HEAP_MEMORY,
+            ResolvedHeap = RESOLVED_HEAP,
+            LostCauses = LOST_CAUSES,
+        );
+    };
+}
+pub(crate) use record_kinds;
+
+/// The [`Record`] enum of the kinds [`record_kinds`] lists.
 macro_rules! records {
     ($($variant:ident = $kind:ident),* $(,)?) => {
         /// A decoded record.
@@ -643,35 +679,6 @@ macro_rules! records {
                     Record::Unknown { kind, .. } => *kind,
                 }
             }
-
-            /// Appends the record's payload (bincode) to `buf`.
-            pub(crate) fn encode_payload(
-                &self,
-                buf: &mut Vec<u8>,
-            ) -> Result<(), bincode::error::EncodeError> {
-                let cfg = crate::bincode_config();
-                if let Record::LuaStack(r) = self {
-                    crate::codec::encode_lua_stack(r, buf);
-                    return Ok(());
-                }
-                match self {
-                    $(Record::$variant(r) => {
-                        bincode::serde::encode_into_std_write(r, buf, cfg).map(drop)
-                    })*
-                    Record::Unknown { payload, .. } => {
-                        buf.extend_from_slice(payload);
-                        Ok(())
-                    }
-                }
-            }
-
-            /// Decodes a payload of kind `k`; `Ok(None)` for kinds this version lacks.
-            pub(crate) fn decode_payload(k: u16, body: &[u8]) -> Result<Option<Record>, String> {
-                Ok(Some(match k {
-                    $(kind::$kind => Record::$variant(crate::reader::decode(body)?),)*
-                    _ => return Ok(None),
-                }))
-            }
         }
 
         $(impl From<$variant> for Record {
@@ -682,34 +689,7 @@ macro_rules! records {
     };
 }
 
-records!(
-    Header = HEADER,
-    Process = PROCESS,
-    ThreadName = THREAD_NAME,
-    Mapping = MAPPING,
-    Binary = BINARY,
-    Sample = SAMPLE,
-    Lost = LOST,
-    End = END,
-    KernelSymbols = KERNEL_SYMBOLS,
-    LuaStack = LUA_STACK,
-    LuaProto = LUA_PROTO,
-    LuaRuntime = LUA_RUNTIME,
-    ResolvedFrames = RESOLVED_FRAMES,
-    ResolvedSample = RESOLVED_SAMPLE,
-    ResolvedSummary = RESOLVED_SUMMARY,
-    OffCpu = OFF_CPU,
-    ThreadStates = THREAD_STATES,
-    OffCpuTotals = OFF_CPU_TOTALS,
-    Latency = LATENCY,
-    LatencyCall = LATENCY_CALL,
-    ResolvedDetails = RESOLVED_DETAILS,
-    LuaHeap = LUA_HEAP,
-    LuaHeapCopy = LUA_HEAP_COPY,
-    LuaHeapMemory = LUA_HEAP_MEMORY,
-    ResolvedHeap = RESOLVED_HEAP,
-    LostCauses = LOST_CAUSES,
-);
+record_kinds!(records);
 
 #[cfg(test)]
 mod tests {

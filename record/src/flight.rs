@@ -18,7 +18,7 @@ use lrec_format::{
     SampleSpan,
 };
 
-use crate::output::{self, WriteFailed};
+use crate::capture_file::{self, WriteFailed};
 
 /// A capture written by [`Flight::dump`].
 #[derive(Debug)]
@@ -33,7 +33,7 @@ pub struct Dump {
 pub struct Flight {
     window_ns: u64,
     header: Header,
-    /// `-o`: dump `n` goes to [`output::numbered`]`(base, n)`, created as `output` says.
+    /// `-o`: dump `n` goes to [`capture_file::numbered`]`(base, n)`, created as `output` says.
     base: PathBuf,
     output: lrec_inspect::files::OutputOptions,
     meta: Vec<Chunk>,
@@ -122,17 +122,17 @@ impl Flight {
         reason: &str,
     ) -> Result<&Dump, WriteFailed> {
         self.evict(now_ns);
-        let path = output::numbered(&self.base, self.dumps.len() as u32 + 1);
+        let path = capture_file::numbered(&self.base, self.dumps.len() as u32 + 1);
         let failed = |error| WriteFailed {
             path: path.clone(),
             error,
         };
-        let mut out = output::create_capture(&path, &self.output)
+        let mut out = capture_file::create_capture(&path, &self.output)
             .map_err(|e| failed(std::io::Error::other(e)))?;
         let (span, lost) = self
             .write_window(&mut out, now_ns, extra, reason)
             .map_err(failed)?;
-        let bytes = output::commit_capture(out)?;
+        let bytes = capture_file::commit_capture(out)?;
         self.dumps.push(Dump {
             path,
             span,

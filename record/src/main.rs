@@ -1,5 +1,6 @@
 //! lrec: records a process with eBPF into a self-contained capture for lanalyze.
 
+mod capture_file;
 mod embedder;
 mod flight;
 mod heap;
@@ -315,7 +316,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         .unwrap_or_else(|| PathBuf::from(format!("lrec-{}.lrec", target.pid)));
     let result = recorder::record(&args, &mut target, &output);
     target.stop_child();
-    result.map_err(|e| match e.is::<output::WriteFailed>() {
+    result.map_err(|e| match e.is::<capture_file::WriteFailed>() {
         // It names the file already.
         true => e,
         false => e.context(format!("recording into {}", output.display())),

@@ -13,11 +13,12 @@ use lrec_format::{
     OFF_CPU_LUA_YIELD,
 };
 
+use crate::capture_file::{self, WriteFailed};
 use crate::embedder::Embedder;
 use crate::flight::Flight;
 use crate::latency::Tracker;
 use crate::lua::LuaVms;
-use crate::output::{self, Output, WriteFailed};
+use crate::output::Output;
 use crate::procfs;
 use crate::raw::{Decoded, RawSample};
 use crate::sampler::{Drained, Sampler, SamplerConfig};
@@ -106,7 +107,7 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             let flight = Flight::new(secs, header.clone(), output.into(), out_opts);
             Output::Flight(Box::new(flight))
         }
-        None => Output::File(output::create_capture(output, &out_opts)?),
+        None => Output::File(capture_file::create_capture(output, &out_opts)?),
     };
     let writer = CaptureWriter::new(sink, &header)?;
     let pids = target.initial_pids(!args.no_children);

@@ -115,3 +115,17 @@ fn architecture_names_only_what_exists() {
         missing.join("\n")
     );
 }
+
+/// No import circle among format's or record's modules, nor among ebpf/'s includes
+/// (scripts/import_cycles.py says how it reads them).
+#[test]
+fn format_record_and_ebpf_have_no_import_circle() {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("scripts/import_cycles.py"))
+        .args(["format", "record"])
+        .output()
+        .expect("python3 runs scripts/import_cycles.py");
+    let said = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{said}");
+    assert!(out.status.success(), "import circles:\n{said}");
+}

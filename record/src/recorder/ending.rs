@@ -9,8 +9,9 @@ use anyhow::Result;
 use lrec_format::{End, KernelSymbols, LostCauses, Record, ThreadName};
 
 use super::Recording;
+use crate::capture_file::human_bytes;
 use crate::kallsyms::KallsymsTable;
-use crate::output::{human_bytes, Output};
+use crate::output::Output;
 use crate::procfs;
 
 /// What a finished capture holds.
@@ -307,7 +308,7 @@ impl Recording {
         let Output::File(out) = self.writer.finish()? else {
             unreachable!("a flight ends with a dump");
         };
-        let bytes = crate::output::commit_capture(out)?;
+        let bytes = crate::capture_file::commit_capture(out)?;
         Ok(Summary {
             samples: self.samples,
             lost: self.lost,

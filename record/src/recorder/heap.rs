@@ -7,10 +7,10 @@ use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
 
 use super::Recording;
+use crate::capture_file::human_bytes;
 use crate::heap::{copy_writable, Frozen, HeapCopy};
 use crate::lua::heap::{find_luajit, find_puc, offsets, Regions};
 use crate::lua::VmCode;
-use crate::output::human_bytes;
 use crate::procfs;
 use crate::Args;
 use lrec_inspect::lua::luajit::Layout as LuajitLayout;
