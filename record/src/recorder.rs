@@ -48,6 +48,9 @@ const MAPS_MISS_REFRESH: Duration = Duration::from_millis(50);
 /// addresses (libc under a callback, ld.so's work right after exec) never cause a miss.
 /// (Libraries ld.so maps are read at once: the loader uprobe reports them.)
 const MAPS_REFRESH: Duration = Duration::from_millis(500);
+/// The draining thread's run-queue time between two looks at the loss counter past which
+/// the samples lost meanwhile count as lost to a starved drain, not to a small ring.
+const STARVED_NS: u64 = 50_000_000;
 /// How long after lrec first sees a thread its name is checked for a change.
 const YOUNG_THREAD: Duration = Duration::from_secs(1);
 /// DWARF of one binary embedded by `--debuginfo auto` up to this size.
@@ -587,7 +590,7 @@ impl Recording {
         let causes = &mut self.lost_causes;
         if total > self.lost {
             let count = total - self.lost;
-            match late > LostCauses::LATE_NS {
+            match late > STARVED_NS {
                 true => causes.starved += count,
                 false => causes.ring_full += count,
             }
