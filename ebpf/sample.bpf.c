@@ -82,12 +82,17 @@ struct thread_struct___lrec {
 	unsigned long fsbase;
 } __attribute__((preserve_access_index));
 
+struct thread_info___lrec {
+	unsigned int cpu; /* the CPU the task runs or is queued on */
+} __attribute__((preserve_access_index));
+
 struct task_struct___lrec {
 	int pid;
 	int tgid;
 	unsigned int __state;
 	int exit_state;
 	int on_cpu;
+	struct thread_info___lrec thread_info;
 	struct mm_struct___lrec *mm;
 	struct thread_struct___lrec thread;
 } __attribute__((preserve_access_index));

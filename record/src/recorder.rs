@@ -220,13 +220,19 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             true => Duration::from_millis(5),
             false => Duration::from_millis(100),
         };
+        if let Some(clock) = &states {
+            tick = tick.min(clock.until_next());
+        }
+        sampler.wait(tick, target.pidfd())?;
+        // Thread states are read first when lrec wakes: work done before the read, at
+        // lrec's priority, would keep a target thread woken on this CPU waiting, and the
+        // read would see it runnable.
         if let Some(clock) = &mut states {
             if clock.due() {
                 rec.on_states(&sampler.thread_states()?)?;
             }
-            tick = tick.min(clock.until_next());
         }
-        poll(&mut sampler, &mut rec, tick, target.pidfd())?;
+        after_wait(&mut sampler, &mut rec)?;
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.rename_young_threads()?;
@@ -362,6 +368,11 @@ fn poll(
     pidfd: Option<i32>,
 ) -> Result<()> {
     sampler.wait(tick, pidfd)?;
+    after_wait(sampler, rec)
+}
+
+/// What each wake-up does first: the loader's news, then the samples.
+fn after_wait(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     if sampler.mappings_changed() {
         rec.refresh_all_maps()?;
     }

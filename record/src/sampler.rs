@@ -105,6 +105,8 @@ pub struct Sampler {
     lua_yield_rate: Option<(Instant, u64)>,
     lua_waits_stopped: Option<f64>,
     latency: latency::LatencyLinks,
+    /// When the last [`Sampler::wait`] returned (CLOCK_MONOTONIC ns).
+    woke_ns: u64,
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -147,6 +149,8 @@ impl Sampler {
         let follow = u32::from(cfg.follow_children);
         let off_cpu_min = cfg.off_cpu_min_ns.unwrap_or(0);
         let attach_ns = crate::procfs::monotonic_ns();
+        // SAFETY: gettid has no memory effects.
+        let reader_tid = unsafe { libc::gettid() } as u32;
         // Without --latency its tables stay at one entry.
         let (lat_hist, lat_stats, lat_ring, lat_events) = match cfg.latency {
             None => (1, 1, 4096, 0u32),
@@ -176,6 +180,8 @@ impl Sampler {
             .override_global("target_tgid", &cfg.pids[0], false)
             .override_global("off_cpu_min_ns", &off_cpu_min, false)
             .override_global("attach_ns", &attach_ns, false)
+            // The thread that runs the recording loop reads the thread states.
+            .override_global("states_reader_tid", &reader_tid, false)
             .override_global("lat_events_on", &lat_events, false)
             .map_max_entries("lat_hist", lat_hist)
             .map_max_entries("lat_stats", lat_stats)
@@ -215,6 +221,7 @@ impl Sampler {
         }
         if cfg.states {
             tracepoints.push(("on_sys_enter", "sys_enter"));
+            tracepoints.push(("on_waking", "sched_waking"));
             iters.push("thread_states");
         }
         for name in iters {
@@ -303,6 +310,7 @@ impl Sampler {
             lua_yield_rate: None,
             lua_waits_stopped: None,
             latency: Default::default(),
+            woke_ns: 0,
         })
     }
 
@@ -427,8 +435,18 @@ impl Sampler {
         if let Some(w) = &self.loader {
             fds[1].fd = w.ring.as_raw_fd();
         }
-        // SAFETY: three valid pollfds (poll ignores a negative fd).
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout.as_millis() as i32) };
+        // To the microsecond: poll's milliseconds, truncated, turned the last millisecond
+        // before a thread-state read into a busy loop at lrec's high priority, and a
+        // target thread woken on that CPU waited for it, read as runnable (10 % of a
+        // sleeper's samples instead of its 2 %).
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: three valid pollfds (ppoll ignores a negative fd), a valid timespec, no
+        // signal mask.
+        let rc = unsafe { libc::ppoll(fds.as_mut_ptr(), 3, &ts, std::ptr::null()) };
+        self.woke_ns = crate::procfs::monotonic_ns();
         if rc < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -470,6 +488,7 @@ impl Sampler {
             "on_switch",
             "on_sys_exit",
             "on_sys_enter",
+            "on_waking",
             "on_lua_yield",
             "on_lua_resume",
             "lat_entry",
@@ -488,6 +507,17 @@ impl Sampler {
     /// Every recorded thread's state now, as `struct lrec_thread_state` records (empty
     /// without `--states`).
     pub fn thread_states(&mut self) -> Result<Vec<u8>, SamplerError> {
+        // A thread woken on lrec's CPU since lrec woke and still waiting for it is read
+        // in the state it was woken from (offcpu.h: waiting_for_reader_since).
+        if let Some(map) = self.ebpf.map_mut("states_reader_awake_ns") {
+            if let Ok(mut map) = aya::maps::Array::<_, u64>::try_from(map) {
+                map.set(0, self.woke_ns, 0)
+                    .map_err(|source| SamplerError::Map {
+                        name: "states_reader_awake_ns",
+                        source,
+                    })?;
+            }
+        }
         self.run_iter("thread_states")
     }
 
