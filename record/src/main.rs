@@ -314,13 +314,51 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("lrec-{}.lrec", target.pid)));
-    let result = recorder::record(&args, &mut target, &output);
+    let result = recorder::record(&config(&args), &mut target, &output);
     target.stop_child();
     result.map_err(|e| match e.is::<capture_file::WriteFailed>() {
         // It names the file already.
         true => e,
         false => e.context(format!("recording into {}", output.display())),
     })
+}
+
+/// The command line in the recorder's terms.
+fn config(args: &Args) -> recorder::config::Config {
+    use lrec_inspect::elf::DebugInfo;
+    use recorder::config;
+    config::Config {
+        frequency_hz: args.frequency,
+        stack_size: args.stack_size,
+        duration: args.duration.map(std::time::Duration::from_secs_f64),
+        ring_mib: args.ring_mib,
+        follow_children: !args.no_children,
+        force: args.force,
+        debug: match args.debuginfo {
+            DebugMode::Auto => DebugInfo::IfSmall(config::AUTO_DEBUG_LIMIT),
+            DebugMode::All => DebugInfo::All,
+            DebugMode::None => DebugInfo::None,
+        },
+        debug_dir: args.debug_dir.clone(),
+        quiet: args.quiet,
+        command: args.command.clone(),
+        flight_secs: args.flight,
+        off_cpu: args.off_cpu.then_some(config::OffCpu {
+            min_ns: args.off_cpu_min,
+            lua_waits_max_rate: args.lua_waits_max_rate,
+        }),
+        states_hz: args.states,
+        latency: (!args.latency.is_empty() || args.node_loop).then(|| config::Latency {
+            specs: args.latency.clone(),
+            node_loop: args.node_loop,
+            max_rate: args.latency_max_rate,
+            events: args.latency_events,
+        }),
+        heap: args.lua_heap.then_some(config::Heap {
+            freeze: args.freeze,
+            max_bytes: args.lua_heap_max << 20,
+        }),
+    }
 }
 
 /// What to do about the errors users meet most.

@@ -25,16 +25,20 @@ use crate::sampler::{Drained, Sampler, SamplerConfig};
 use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
 
 mod binaries;
+pub mod config;
 mod ending;
+mod features;
 mod heap;
 mod maps;
+mod off_cpu;
 mod threads;
+mod timing;
 mod vms;
-use crate::{Args, DebugMode};
+use config::Config;
 use ending::{Kallsyms, OffCpuSummary};
+use features::Feature;
 use lrec_inspect::elf::DebugInfo;
 use maps::Proc;
-use threads::StatesClock;
 use vms::BinaryVm;
 
 /// How often buffered samples are written out as a chunk: at most this much is lost if
@@ -53,17 +57,15 @@ const MAPS_REFRESH: Duration = Duration::from_millis(500);
 const STARVED_NS: u64 = 50_000_000;
 /// How long after lrec first sees a thread its name is checked for a change.
 const YOUNG_THREAD: Duration = Duration::from_secs(1);
-/// DWARF of one binary embedded by `--debuginfo auto` up to this size.
-const AUTO_DEBUG_LIMIT: u64 = 32 << 20;
 /// The longest an attached target's recording waits for its LuaJIT layouts to be told.
 const WARM_UP_MAX: Duration = Duration::from_millis(500);
 
 /// Records until the target exits, -d ends or a signal; writes the capture to `output`
 /// or, with `--flight`, the window to numbered files next to it.
 /// Returns the sampler, still attached: see [`crate::exit_leaving_release`].
-pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<Sampler> {
-    let result = record_into(args, target, output);
-    if args.flight.is_some() {
+pub fn record(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampler> {
+    let result = record_into(cfg, target, output);
+    if cfg.flight_secs.is_some() {
         return result;
     }
     // Failing to write the capture file (a full disk) is said with the file's name.
@@ -78,27 +80,90 @@ pub fn record(args: &Args, target: &mut Target, output: &Path) -> Result<Sampler
     })
 }
 
-fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sampler> {
-    let pid = target.pid;
+/// The recording's steps: the capture opened, the sampler attached, the target started
+/// (or its layouts told), the loop, the end.
+fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampler> {
+    let mut rec = open_capture(cfg, target, output)?;
+    // A running target's mappings, and the Lua interpreters in them, are read before the
+    // sampler starts: its first samples already carry Lua frames. A spawned command has
+    // not run yet (its mappings are lrec's until it execs).
+    let attached = !target.spawned();
+    let pids = target.initial_pids(cfg.follow_children);
+    if attached {
+        for &pid in &pids {
+            rec.add_process(pid)?;
+        }
+    }
+    let mut sampler = match attach_sampler(cfg, target, &mut rec, &pids) {
+        Ok(s) => s,
+        Err(e) => {
+            // Nothing was recorded: leave no empty capture behind.
+            if cfg.flight_secs.is_none() {
+                drop(rec);
+                let _ = std::fs::remove_file(output);
+            }
+            return Err(e.into());
+        }
+    };
+    rec.lua.sampling_started();
+    let mut features = features::wanted(cfg, attached);
+    // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
+    let snapshot_only = features.iter().any(|f| f.done().is_some());
+    if attached && rec.lua.layouts_pending() && !snapshot_only {
+        warm_up(&mut sampler, &mut rec, target.pidfd(), cfg.quiet)?;
+    }
+    // `-d` counts from the first sample: samples taken after it are not written, whatever
+    // lrec was doing when its time came.
+    let started = Instant::now();
+    rec.deadline_ns = cfg
+        .duration
+        .map(|d| procfs::monotonic_ns() + d.as_nanos() as u64);
+    target.start(&cfg.command)?;
+    if !attached {
+        for &pid in &pids {
+            rec.add_process(pid)?;
+        }
+        install_lua_configs(&mut sampler, &mut rec)?;
+    }
+    rec.flush()?;
+    for f in &mut features {
+        f.on_start(&mut rec)?;
+    }
+    let reason = run(cfg, target, &mut sampler, &mut rec, &mut features, started)?;
+    end(
+        cfg,
+        &mut sampler,
+        rec,
+        &mut features,
+        &reason,
+        started.elapsed(),
+        output,
+    )?;
+    Ok(sampler)
+}
+
+/// The capture file (or the flight recorder's window) with its header, and the recording
+/// that writes into it.
+fn open_capture(cfg: &Config, target: &Target, output: &Path) -> Result<Recording> {
     let header = Header {
         tool_version: format!("lrec {}", env!("CARGO_PKG_VERSION")),
         kernel_release: procfs::kernel_release(),
         hostname: procfs::hostname(),
         arch: std::env::consts::ARCH.into(),
         page_size: procfs::page_size(),
-        frequency_hz: args.frequency as u32,
+        frequency_hz: cfg.frequency_hz as u32,
         event: "cpu-clock".into(),
-        stack_size: args.stack_size,
+        stack_size: cfg.stack_size,
         command_line: std::env::args().collect(),
         wall_clock_start_ns: procfs::realtime_ns(),
         monotonic_start_ns: procfs::monotonic_ns(),
-        target_pid: pid,
+        target_pid: target.pid,
     };
     let out_opts = lrec_inspect::files::OutputOptions {
         keep_partial: true,
-        ..lrec_inspect::files::OutputOptions::for_invoking_user(args.force)
+        ..lrec_inspect::files::OutputOptions::for_invoking_user(cfg.force)
     };
-    let sink = match args.flight {
+    let sink = match cfg.flight_secs {
         Some(secs) => {
             let parent = output.parent().filter(|d| !d.as_os_str().is_empty());
             if let Some(dir) = parent.filter(|d| !d.is_dir()) {
@@ -113,147 +178,82 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
         None => Output::File(capture_file::create_capture(output, &out_opts)?),
     };
     let writer = CaptureWriter::new(sink, &header)?;
-    let pids = target.initial_pids(!args.no_children);
-    let debug = match args.debuginfo {
-        DebugMode::Auto => DebugInfo::IfSmall(AUTO_DEBUG_LIMIT),
-        DebugMode::All => DebugInfo::All,
-        DebugMode::None => DebugInfo::None,
-    };
-    let mut rec = Recording::new(debug, writer, args.debug_dir.clone());
-    if latency_wanted(args) {
-        let specs = args.latency.clone();
-        rec.latency = Some(Tracker::new(specs, args.node_loop, args.debug_dir.clone()));
+    let mut rec = Recording::new(cfg.debug, writer, cfg.debug_dir.clone());
+    if let Some(l) = &cfg.latency {
+        let tracker = Tracker::new(l.specs.clone(), l.node_loop, cfg.debug_dir.clone());
+        rec.latency = Some(tracker);
     }
-    // A running target's mappings, and the Lua interpreters in them, are read before the
-    // sampler starts: its first samples already carry Lua frames. A spawned command has
-    // not run yet (its mappings are lrec's until it execs).
-    let attached = !target.spawned();
-    if attached {
-        for &pid in &pids {
-            rec.add_process(pid)?;
-        }
-    }
-    let ring_bytes = args.ring_mib.unwrap_or_else(default_ring_mib) << 20;
+    Ok(rec)
+}
+
+/// The BPF programs loaded and attached for what `cfg` asks, sampling `pids`.
+fn attach_sampler(
+    cfg: &Config,
+    target: &Target,
+    rec: &mut Recording,
+    pids: &[u32],
+) -> Result<Sampler, crate::sampler::SamplerError> {
+    let ring_bytes = cfg.ring_mib.unwrap_or_else(default_ring_mib) << 20;
     rec.lost_causes.ring_bytes = u64::from(ring_bytes);
-    let sampler = Sampler::attach(&SamplerConfig {
-        pids: pids.clone(),
-        follow_children: !args.no_children,
-        frequency_hz: args.frequency,
-        stack_size: args.stack_size,
+    Sampler::attach(&SamplerConfig {
+        pids: pids.to_vec(),
+        follow_children: cfg.follow_children,
+        frequency_hz: cfg.frequency_hz,
+        stack_size: cfg.stack_size,
         ring_bytes,
-        loaders: target.loaders(&args.command),
-        off_cpu_min_ns: args.off_cpu.then_some(args.off_cpu_min),
-        states: args.states.is_some(),
-        latency: latency_wanted(args).then_some(args.latency_events),
+        loaders: target.loaders(&cfg.command),
+        off_cpu_min_ns: cfg.off_cpu.as_ref().map(|o| o.min_ns),
+        states: cfg.states_hz.is_some(),
+        latency: cfg.latency.as_ref().map(|l| l.events),
         lua: rec.lua.take_configs(),
         puc: rec.lua.take_puc_configs(),
-    });
-    let mut sampler = match sampler {
-        Ok(s) => s,
-        Err(e) => {
-            // Nothing was recorded: leave no empty capture behind.
-            if args.flight.is_none() {
-                drop(rec);
-                let _ = std::fs::remove_file(output);
-            }
-            return Err(e.into());
-        }
-    };
-    rec.lua.sampling_started();
-    // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
-    let heap_only = args.lua_heap && attached && args.duration.is_none();
-    if attached && rec.lua.layouts_pending() && !heap_only {
-        let (took, samples) = warm_up(&mut sampler, &mut rec, target.pidfd())?;
-        if !args.quiet {
-            let ms = took.as_millis();
-            match rec.lua.layouts_pending() {
-                false => eprintln!(
-                    "lrec: the Lua VM's layout (learned from its binary) proved in {ms} ms on \
-                     {samples} samples, which carry no Lua frames and are not kept; recording \
-                     from now"
-                ),
-                true => eprintln!(
-                    "lrec: the Lua VM's layout (learned from its binary) not proved in {ms} ms \
-                     ({samples} samples, not kept; {}); recording from now: its samples carry \
-                     no Lua frames until it is",
-                    rec.lua.pending_why()
-                ),
-            }
-        }
-    }
-    // `-d` counts from the first sample: samples taken after it are not written, whatever
-    // lrec was doing when its time came.
-    let started = Instant::now();
-    let deadline = args.duration.map(Duration::from_secs_f64);
-    rec.deadline_ns = deadline.map(|d| procfs::monotonic_ns() + d.as_nanos() as u64);
-    target.start(&args.command)?;
-    if !attached {
-        for &pid in &pids {
-            rec.add_process(pid)?;
-        }
-        install_lua_configs(&mut sampler, &mut rec)?;
-    }
-    rec.flush()?;
-    let mut heap_snapshots = 0;
-    if args.lua_heap && attached {
-        let vms = rec.heap_snapshot(heap_snapshots, args)?;
-        heap_snapshots += 1;
-        if vms == 0 && heap_only {
-            eprintln!("lrec: warning: no Lua VM found in the target: the snapshot holds none");
-        }
-    }
+    })
+}
 
-    let flush_every = match args.flight {
+/// The recording loop: wakes when samples wait (or a feature's time comes, or at the
+/// latest every 100 ms), takes them in, lets each feature do its part; until a signal,
+/// `-d`, the target's end or a feature's work is done. Returns why it ended.
+fn run(
+    cfg: &Config,
+    target: &mut Target,
+    sampler: &mut Sampler,
+    rec: &mut Recording,
+    features: &mut [Box<dyn Feature>],
+    started: Instant,
+) -> Result<String> {
+    let flush_every = match cfg.flight_secs {
         Some(_) => FLIGHT_FLUSH_EVERY,
         None => FLUSH_EVERY,
     };
-    let status = !args.quiet && std::io::stderr().is_terminal();
+    let status = !cfg.quiet && std::io::stderr().is_terminal();
     let (mut last_flush, mut last_status) = (Instant::now(), Instant::now());
-    let mut states = args.states.map(StatesClock::new);
     // This thread drains the ring at the highest priority of its class (main.rs): a
     // target that saturates the CPUs must not starve it, or the ring fills and samples
     // are lost. (The embedding and symbol threads yield to the target.)
     let reason = loop {
         // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
         // than when the ring fills: until it is known, samples carry no Lua frames.
-        let mut tick = match rec.lua.detecting() {
+        let tick = match rec.lua.detecting() {
             true => Duration::from_millis(5),
             false => Duration::from_millis(100),
         };
-        if let Some(clock) = &states {
-            tick = tick.min(clock.until_next());
-        }
+        let tick = features
+            .iter()
+            .filter_map(|f| f.due_in())
+            .fold(tick, Duration::min);
         sampler.wait(tick, target.pidfd())?;
-        // Thread states are read first when lrec wakes: work done before the read, at
-        // lrec's priority, would keep a target thread woken on this CPU waiting, and the
-        // read would see it runnable.
-        if let Some(clock) = &mut states {
-            if clock.due() {
-                rec.on_states(&sampler.thread_states()?)?;
-            }
+        for f in features.iter_mut() {
+            f.on_wake(sampler, rec)?;
         }
-        after_wait(&mut sampler, &mut rec)?;
+        after_wait(sampler, rec)?;
         rec.note_lost(sampler.lost())?;
         rec.refresh_maps_every(MAPS_REFRESH)?;
         rec.rename_young_threads()?;
         rec.write_embedded(false)?;
-        install_lua_configs(&mut sampler, &mut rec)?;
-        if let Some(rate) = sampler.limit_lua_waits(args.lua_waits_max_rate) {
-            eprintln!(
-                "lrec: warning: Lua coroutines yield {rate:.0} times/s, above \
-                 --lua-waits-max-rate {}: timing their waits costs the target too much \
-                 (two uprobes per yield); stopped, later waits are not recorded",
-                args.lua_waits_max_rate
-            );
+        install_lua_configs(sampler, rec)?;
+        for f in features.iter_mut() {
+            f.on_tick(sampler, rec)?;
         }
-        for path in rec.lua.take_luajit_binaries() {
-            if args.off_cpu {
-                if let Err(e) = sampler.probe_lua_waits(path) {
-                    eprintln!("lrec: warning: Lua coroutine waits in {path} not recorded: {e}");
-                }
-            }
-        }
-        rec.time_calls(&mut sampler, args.latency_max_rate)?;
         for msg in rec.lua.messages.drain(..) {
             eprintln!("lrec: {msg}");
         }
@@ -261,89 +261,106 @@ fn record_into(args: &Args, target: &mut Target, output: &Path) -> Result<Sample
             rec.flush()?;
             last_flush = Instant::now();
         }
-        if DUMP.swap(false, Ordering::Relaxed) {
-            match args.flight {
-                Some(_) => rec.dump("SIGUSR1")?,
-                None if args.lua_heap => {
-                    rec.heap_snapshot(heap_snapshots, args)?;
-                    heap_snapshots += 1;
-                }
-                None => eprintln!("lrec: SIGUSR1 does nothing without --flight; recording goes on"),
-            }
+        if DUMP.swap(false, Ordering::Relaxed) && !dumped(features, rec)? {
+            eprintln!(
+                "lrec: SIGUSR1 does nothing without --flight or --lua-heap; recording goes on"
+            );
         }
-        if heap_only {
-            break "heap snapshot taken".to_string();
+        if let Some(why) = features.iter().find_map(|f| f.done()) {
+            break why.to_string();
         }
         if status && last_status.elapsed() >= Duration::from_secs(1) {
             rec.print_status(started.elapsed());
             last_status = Instant::now();
         }
-        if STOP.load(Ordering::Relaxed) {
-            let sig = STOP_SIGNAL.load(Ordering::Relaxed);
-            break format!("signal {sig}");
-        }
-        if deadline.is_some_and(|d| started.elapsed() >= d) {
-            if args.lua_heap && !attached {
-                rec.heap_snapshot(heap_snapshots, args)?;
+        if let Some(why) = stopped(cfg, target, started) {
+            if why == "duration" {
+                for f in features.iter_mut() {
+                    f.on_duration(rec)?;
+                }
             }
-            break "duration".to_string();
-        }
-        if let Some(exit) = target.exited() {
-            break match exit {
-                Exit::Code(c) => format!("target exited with status {c}"),
-                Exit::Signal(s) => format!("target killed by signal {s}"),
-                Exit::Gone => "target exited".to_string(),
-            };
+            break why;
         }
     };
     if status {
         eprint!("\r\x1b[K");
     }
-    // No more samples; what the last moments left in the ring buffer is written, whatever
-    // ended the recording.
+    Ok(reason)
+}
+
+/// SIGUSR1 handed to the features: whether one acted on it.
+fn dumped(features: &mut [Box<dyn Feature>], rec: &mut Recording) -> Result<bool> {
+    for f in features {
+        if f.on_dump(rec)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Why the recording stops now, if it does: a signal, `-d`, the target's end.
+fn stopped(cfg: &Config, target: &mut Target, started: Instant) -> Option<String> {
+    if STOP.load(Ordering::Relaxed) {
+        let sig = STOP_SIGNAL.load(Ordering::Relaxed);
+        return Some(format!("signal {sig}"));
+    }
+    if cfg.duration.is_some_and(|d| started.elapsed() >= d) {
+        return Some("duration".to_string());
+    }
+    target.exited().map(|exit| match exit {
+        Exit::Code(c) => format!("target exited with status {c}"),
+        Exit::Signal(s) => format!("target killed by signal {s}"),
+        Exit::Gone => "target exited".to_string(),
+    })
+}
+
+/// No more samples; what the last moments left in the ring buffer is written, whatever
+/// ended the recording, then each feature's part, the capture's end and the summaries.
+fn end(
+    cfg: &Config,
+    sampler: &mut Sampler,
+    mut rec: Recording,
+    features: &mut [Box<dyn Feature>],
+    reason: &str,
+    elapsed: Duration,
+    output: &Path,
+) -> Result<()> {
     sampler.stop_sampling();
-    drain(&mut sampler, &mut rec)?;
-    rec.time_calls(&mut sampler, 0)?;
+    drain(sampler, &mut rec)?;
+    for f in features.iter_mut() {
+        f.on_stop(sampler, &mut rec)?;
+    }
     rec.note_lost(sampler.lost())?;
     let bpf_cost = sampler.bpf_cost();
-    let elapsed = started.elapsed();
-    if args.flight.is_some() {
-        rec.dump(&reason)?;
-        if !args.quiet {
-            rec.print_flight_summary(elapsed, &reason);
+    if cfg.flight_secs.is_some() {
+        rec.dump(reason)?;
+        if !cfg.quiet {
+            rec.print_flight_summary(elapsed, reason);
         }
-        return Ok(sampler);
+        return Ok(());
     }
-    if args.off_cpu {
-        let threads = sampler.off_cpu_totals()?;
-        let (short, stopped) = (sampler.lua_waits_short(), sampler.lua_waits_stopped());
-        rec.off_cpu_totals(args.off_cpu_min, threads, short, stopped)?;
+    for f in features.iter_mut() {
+        f.finish(sampler, &mut rec)?;
     }
-    let latency = rec
-        .latency
-        .as_mut()
-        .map(|t| t.finish(&sampler, args.latency_max_rate));
-    if let Some(latency) = &latency {
-        rec.writer.push(&Record::Latency(latency.clone()))?;
-    }
-    let summary = rec.finish(&reason)?;
-    if !args.quiet {
-        summary.print(elapsed, &reason, output, bpf_cost);
-        if let Some(latency) = &latency {
-            crate::latency::print_summary(latency, elapsed);
+    let summary = rec.finish(reason)?;
+    if !cfg.quiet {
+        summary.print(elapsed, reason, output, bpf_cost);
+        for f in features.iter() {
+            f.print_summary(elapsed);
         }
     }
-    Ok(sampler)
+    Ok(())
 }
 
 /// Before an attached target's recording starts: its LuaJIT VMs' layouts are told by
 /// their first samples (a few ms, more on a loaded machine), which carry no Lua frames and
-/// are not kept (at most [`WARM_UP_MAX`]). Returns how long it took, and those samples.
+/// are not kept (at most [`WARM_UP_MAX`]); said unless `quiet`.
 fn warm_up(
     sampler: &mut Sampler,
     rec: &mut Recording,
     pidfd: Option<i32>,
-) -> Result<(Duration, u64)> {
+    quiet: bool,
+) -> Result<()> {
     let start = Instant::now();
     rec.warming_up = true;
     while rec.lua.layouts_pending()
@@ -355,7 +372,26 @@ fn warm_up(
     // Samples taken before the walkers had their layouts.
     drain(sampler, rec)?;
     rec.warming_up = false;
-    Ok((start.elapsed(), std::mem::take(&mut rec.warm_up_samples)))
+    let (ms, samples) = (
+        start.elapsed().as_millis(),
+        std::mem::take(&mut rec.warm_up_samples),
+    );
+    if quiet {
+        return Ok(());
+    }
+    match rec.lua.layouts_pending() {
+        false => eprintln!(
+            "lrec: the Lua VM's layout (learned from its binary) proved in {ms} ms on \
+             {samples} samples, which carry no Lua frames and are not kept; recording from now"
+        ),
+        true => eprintln!(
+            "lrec: the Lua VM's layout (learned from its binary) not proved in {ms} ms \
+             ({samples} samples, not kept; {}); recording from now: its samples carry no Lua \
+             frames until it is",
+            rec.lua.pending_why()
+        ),
+    }
+    Ok(())
 }
 
 /// Waits up to `tick` for samples (or the target's end: `pidfd`), then takes them in: new
@@ -396,10 +432,6 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
 fn default_ring_mib() -> u32 {
     let cpus = aya::util::online_cpus().map_or(2, |c| c.len() as u32);
     (4 * cpus).clamp(8, 128).next_power_of_two()
-}
-
-fn latency_wanted(args: &Args) -> bool {
-    !args.latency.is_empty() || args.node_loop
 }
 
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
@@ -618,40 +650,6 @@ impl Recording {
             self.lost = total;
         }
         Ok(())
-    }
-
-    /// Attaches the uprobes that new mappings call for, stops timing what is called too
-    /// often (`max_rate`, 0: no limit) and writes the calls timed with --latency-events.
-    fn time_calls(&mut self, sampler: &mut Sampler, max_rate: u64) -> Result<()> {
-        let Some(t) = &mut self.latency else {
-            return Ok(());
-        };
-        // What the node loop's events end must be known before they fire.
-        for (event, mark) in t.take_node_marks() {
-            sampler.set_latency_mark(event, mark)?;
-        }
-        for a in std::mem::take(&mut t.attach) {
-            if let Err(e) = sampler.attach_latency(a.role, &a.path, a.file_offset, a.pid) {
-                t.messages.push(format!(
-                    "warning: no uprobe at {:#x} of {} in process {}: {:#}",
-                    a.file_offset,
-                    a.path.display(),
-                    a.pid,
-                    anyhow::Error::from(e)
-                ));
-            }
-        }
-        t.limit(sampler, max_rate);
-        for msg in t.messages.drain(..) {
-            eprintln!("lrec: {msg}");
-        }
-        let mut failure = None;
-        sampler.drain_latency_events(|call| {
-            if failure.is_none() {
-                failure = self.writer.push(&Record::LatencyCall(call)).err();
-            }
-        });
-        failure.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn flush(&mut self) -> Result<()> {

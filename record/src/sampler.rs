@@ -143,53 +143,13 @@ impl LoaderWatch {
 
 impl Sampler {
     pub fn attach(cfg: &SamplerConfig) -> Result<Sampler, SamplerError> {
-        let cpus = aya::util::online_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
-        let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
-        let wakeup_bytes = (cfg.ring_bytes / 4) as u64;
-        let follow = u32::from(cfg.follow_children);
-        let off_cpu_min = cfg.off_cpu_min_ns.unwrap_or(0);
-        let attach_ns = crate::procfs::monotonic_ns();
-        // SAFETY: gettid has no memory effects.
-        let reader_tid = unsafe { libc::gettid() } as u32;
-        // Without --latency its tables stay at one entry.
-        let (lat_hist, lat_stats, lat_ring, lat_events) = match cfg.latency {
-            None => (1, 1, 4096, 0u32),
-            Some(events) => (
-                latency::HIST_ENTRIES,
-                latency::STAT_ENTRIES,
-                if events {
-                    latency::EVENT_RING_BYTES
-                } else {
-                    4096
-                },
-                u32::from(events),
-            ),
-        };
         // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
         let btf = std::thread::spawn(Btf::from_sys_fs);
+        let globals = Globals::new(cfg)?;
         let mut bpf = EbpfLoader::new();
-        let mut ebpf = bpf
-            // Task storage (per-thread off-CPU bookkeeping) has no aya wrapper; only BPF
-            // uses it.
-            .allow_unsupported_maps()
-            .override_global("stack_size", &cfg.stack_size, false)
-            .override_global("follow_children", &follow, false)
-            .override_global("wakeup_bytes", &wakeup_bytes, false)
-            .override_global("target_tgid", &cfg.pids[0], false)
-            .override_global("off_cpu_min_ns", &off_cpu_min, false)
-            .override_global("attach_ns", &attach_ns, false)
-            // The thread that runs the recording loop reads the thread states.
-            .override_global("states_reader_tid", &reader_tid, false)
-            .override_global("lat_events_on", &lat_events, false)
-            .map_max_entries("lat_hist", lat_hist)
-            .map_max_entries("lat_stats", lat_stats)
-            .map_max_entries("lat_events", lat_ring)
-            .map_max_entries("scratch", ncpu as u32)
-            .map_max_entries("samples", cfg.ring_bytes)
-            .load(SAMPLE_BPF)
-            .map_err(SamplerError::Load)?;
+        let mut ebpf = globals.load(&mut bpf, cfg)?;
         let btf = btf
             .join()
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
@@ -204,43 +164,7 @@ impl Sampler {
                     source,
                 })?;
         }
-        // Processes forked by the targets join them (and leave the map when they exit).
-        let mut tracepoints = vec![
-            ("on_fork", "sched_process_fork"),
-            ("on_exit", "sched_process_exit"),
-        ];
-        if cfg.off_cpu_min_ns.is_some() {
-            tracepoints.push(("on_switch", "sched_switch"));
-        }
-        if cfg.off_cpu_min_ns.is_some() || cfg.states {
-            tracepoints.push(("on_sys_exit", "sys_exit"));
-        }
-        let mut iters = Vec::new();
-        if cfg.off_cpu_min_ns.is_some() {
-            iters.push("flush_totals");
-        }
-        if cfg.states {
-            tracepoints.push(("on_sys_enter", "sys_enter"));
-            tracepoints.push(("on_waking", "sched_waking"));
-            iters.push("thread_states");
-        }
-        for name in iters {
-            let it: &mut Iter = ebpf
-                .program_mut(name)
-                .expect("program is in the object")
-                .try_into()
-                .map_err(SamplerError::Program)?;
-            it.load("task", &btf).map_err(SamplerError::Program)?;
-        }
-        for (name, event) in tracepoints {
-            let tp: &mut BtfTracePoint = ebpf
-                .program_mut(name)
-                .expect("program is in the object")
-                .try_into()
-                .map_err(SamplerError::Program)?;
-            tp.load(event, &btf).map_err(SamplerError::Program)?;
-            tp.attach().map_err(SamplerError::Program)?;
-        }
+        attach_tracing(&mut ebpf, &btf, cfg)?;
         // Maps taken before sampling starts: mapping the rings takes a while (~0.1 s).
         let ring = take(&mut ebpf, "samples", RingBuf::try_from)?;
         let lost = take(&mut ebpf, "lost", PerCpuArray::try_from)?;
@@ -276,26 +200,7 @@ impl Sampler {
             // SAFETY: malloc_trim has no preconditions.
             unsafe { libc::malloc_trim(0) };
         });
-        let prog: &mut PerfEvent = ebpf
-            .program_mut("sample")
-            .expect("sample program is in the object")
-            .try_into()
-            .map_err(SamplerError::Program)?;
-        prog.load().map_err(SamplerError::Program)?;
-        // One event per CPU with a tgid filter in BPF: this also covers threads created
-        // after attach, which per-thread events would miss.
-        let mut ticks = Vec::with_capacity(cpus.len());
-        for cpu in cpus {
-            let link = prog
-                .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(cfg.frequency_hz),
-                    false,
-                )
-                .map_err(|source| SamplerError::Attach { cpu, source })?;
-            ticks.push(link);
-        }
+        let ticks = start_ticks(&mut ebpf, cfg.frequency_hz)?;
         Ok(Sampler {
             ebpf,
             ticks,
@@ -577,6 +482,154 @@ fn take<M>(
 }
 
 /// Installs a process's Lua walker configuration in BPF map `name`.
+/// sample.bpf.c's globals and map sizes for a configuration (kept while its loader,
+/// which borrows them, serves).
+struct Globals {
+    ncpu: u32,
+    wakeup_bytes: u64,
+    follow: u32,
+    off_cpu_min: u64,
+    attach_ns: u64,
+    reader_tid: u32,
+    lat_hist: u32,
+    lat_stats: u32,
+    lat_ring: u32,
+    lat_events: u32,
+}
+
+impl Globals {
+    fn new(cfg: &SamplerConfig) -> Result<Globals, SamplerError> {
+        let ncpu = aya::util::nr_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
+        // Without --latency its tables stay at one entry.
+        let (lat_hist, lat_stats, lat_ring, lat_events) = match cfg.latency {
+            None => (1, 1, 4096, 0u32),
+            Some(events) => (
+                latency::HIST_ENTRIES,
+                latency::STAT_ENTRIES,
+                if events {
+                    latency::EVENT_RING_BYTES
+                } else {
+                    4096
+                },
+                u32::from(events),
+            ),
+        };
+        Ok(Globals {
+            ncpu: ncpu as u32,
+            wakeup_bytes: (cfg.ring_bytes / 4) as u64,
+            follow: u32::from(cfg.follow_children),
+            off_cpu_min: cfg.off_cpu_min_ns.unwrap_or(0),
+            attach_ns: crate::procfs::monotonic_ns(),
+            // The thread that runs the recording loop reads the thread states.
+            // SAFETY: gettid has no memory effects.
+            reader_tid: unsafe { libc::gettid() } as u32,
+            lat_hist,
+            lat_stats,
+            lat_ring,
+            lat_events,
+        })
+    }
+
+    /// sample.bpf.c loaded with them.
+    fn load<'a>(
+        &'a self,
+        bpf: &mut EbpfLoader<'a>,
+        cfg: &'a SamplerConfig,
+    ) -> Result<Ebpf, SamplerError> {
+        bpf
+            // Task storage (per-thread off-CPU bookkeeping) has no aya wrapper; only BPF
+            // uses it.
+            .allow_unsupported_maps()
+            .override_global("stack_size", &cfg.stack_size, false)
+            .override_global("follow_children", &self.follow, false)
+            .override_global("wakeup_bytes", &self.wakeup_bytes, false)
+            .override_global("target_tgid", &cfg.pids[0], false)
+            .override_global("off_cpu_min_ns", &self.off_cpu_min, false)
+            .override_global("attach_ns", &self.attach_ns, false)
+            .override_global("states_reader_tid", &self.reader_tid, false)
+            .override_global("lat_events_on", &self.lat_events, false)
+            .map_max_entries("lat_hist", self.lat_hist)
+            .map_max_entries("lat_stats", self.lat_stats)
+            .map_max_entries("lat_events", self.lat_ring)
+            .map_max_entries("scratch", self.ncpu)
+            .map_max_entries("samples", cfg.ring_bytes)
+            .load(SAMPLE_BPF)
+            .map_err(SamplerError::Load)
+    }
+}
+
+/// The tracepoints and task iterators `cfg` needs, loaded (and the tracepoints attached):
+/// the targets' forks and exits always, off-CPU and thread-state bookkeeping if asked.
+fn attach_tracing(ebpf: &mut Ebpf, btf: &Btf, cfg: &SamplerConfig) -> Result<(), SamplerError> {
+    // Processes forked by the targets join them (and leave the map when they exit).
+    let mut tracepoints = vec![
+        ("on_fork", "sched_process_fork"),
+        ("on_exit", "sched_process_exit"),
+    ];
+    if cfg.off_cpu_min_ns.is_some() {
+        tracepoints.push(("on_switch", "sched_switch"));
+    }
+    if cfg.off_cpu_min_ns.is_some() || cfg.states {
+        tracepoints.push(("on_sys_exit", "sys_exit"));
+    }
+    let mut iters = Vec::new();
+    if cfg.off_cpu_min_ns.is_some() {
+        iters.push("flush_totals");
+    }
+    if cfg.states {
+        tracepoints.push(("on_sys_enter", "sys_enter"));
+        tracepoints.push(("on_waking", "sched_waking"));
+        iters.push("thread_states");
+    }
+    for name in iters {
+        let it: &mut Iter = ebpf
+            .program_mut(name)
+            .expect("program is in the object")
+            .try_into()
+            .map_err(SamplerError::Program)?;
+        it.load("task", btf).map_err(SamplerError::Program)?;
+    }
+    for (name, event) in tracepoints {
+        let tp: &mut BtfTracePoint = ebpf
+            .program_mut(name)
+            .expect("program is in the object")
+            .try_into()
+            .map_err(SamplerError::Program)?;
+        tp.load(event, btf).map_err(SamplerError::Program)?;
+        tp.attach().map_err(SamplerError::Program)?;
+    }
+    Ok(())
+}
+
+/// Sampling starts: the cpu-clock events at `frequency_hz`, one per CPU, each with a tgid
+/// filter in BPF (which also covers threads created later, which per-thread events would
+/// miss).
+fn start_ticks(
+    ebpf: &mut Ebpf,
+    frequency_hz: u64,
+) -> Result<Vec<aya::programs::perf_event::PerfEventLinkId>, SamplerError> {
+    let cpus = aya::util::online_cpus().map_err(|(f, e)| SamplerError::Cpus(f.into(), e))?;
+    let prog: &mut PerfEvent = ebpf
+        .program_mut("sample")
+        .expect("sample program is in the object")
+        .try_into()
+        .map_err(SamplerError::Program)?;
+    prog.load().map_err(SamplerError::Program)?;
+    let mut ticks = Vec::with_capacity(cpus.len());
+    for cpu in cpus {
+        let link = prog
+            .attach(
+                PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Frequency(frequency_hz),
+                false,
+            )
+            .map_err(|source| SamplerError::Attach { cpu, source })?;
+        ticks.push(link);
+    }
+    Ok(ticks)
+}
+
 fn insert_config<V: aya::Pod>(
     map: &mut BpfHashMap<MapData, u32, V>,
     name: &'static str,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use lrec_format::{End, KernelSymbols, LostCauses, Record, ThreadName};
 
+use super::features::Feature;
 use super::Recording;
 use crate::capture_file::human_bytes;
 use crate::kallsyms::KallsymsTable;
@@ -233,7 +234,8 @@ impl Recording {
         Ok(table.map(|t| t.covering(self.kernel_addrs.iter().copied())))
     }
 
-    /// Flight recorder: writes the window out as the next numbered capture.
+    /// Flight recorder: writes the window out as the next numbered capture (at each
+    /// SIGUSR1: [`FlightDumps`], and at the end).
     pub(super) fn dump(&mut self, reason: &str) -> Result<()> {
         let syms = self.settle()?;
         // Writes out the last samples; the dump leaves what aged out of the window.
@@ -360,5 +362,16 @@ impl Kallsyms {
             };
         }
         self.table.as_ref()
+    }
+}
+
+/// The flight recorder's dumps on SIGUSR1, a feature (its window is the capture's output,
+/// recorder/output.rs; its last dump ends the recording).
+pub(super) struct FlightDumps;
+
+impl Feature for FlightDumps {
+    fn on_dump(&mut self, rec: &mut Recording) -> Result<bool> {
+        rec.dump("SIGUSR1")?;
+        Ok(true)
     }
 }

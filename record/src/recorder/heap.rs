@@ -6,13 +6,14 @@
 use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
 
+use super::config::Heap;
+use super::features::Feature;
 use super::Recording;
 use crate::capture_file::human_bytes;
 use crate::heap::{copy_writable, Frozen, HeapCopy};
 use crate::lua::heap::{find_luajit, find_puc, offsets, Regions};
 use crate::lua::VmCode;
 use crate::procfs;
-use crate::Args;
 use lrec_inspect::lua::luajit::Layout as LuajitLayout;
 use lrec_inspect::lua::puc::Layout as PucLayout;
 
@@ -25,10 +26,65 @@ struct Mapped {
     puc: Option<(String, PucLayout)>,
 }
 
+/// `--lua-heap`, a feature: a snapshot when the recording starts (a running target's),
+/// at each SIGUSR1, and when `-d` runs out (a command lrec started).
+pub(super) struct HeapSnapshots {
+    cfg: Heap,
+    quiet: bool,
+    /// The target ran before lrec: snapshot it at once.
+    attached: bool,
+    /// The snapshot is all that was asked (no `-d`).
+    only: bool,
+    taken: u32,
+}
+
+impl HeapSnapshots {
+    pub(super) fn new(cfg: &Heap, attached: bool, only: bool, quiet: bool) -> HeapSnapshots {
+        HeapSnapshots {
+            cfg: *cfg,
+            quiet,
+            attached,
+            only,
+            taken: 0,
+        }
+    }
+
+    fn take(&mut self, rec: &mut Recording) -> Result<u32> {
+        let vms = rec.heap_snapshot(self.taken, &self.cfg, self.quiet)?;
+        self.taken += 1;
+        Ok(vms)
+    }
+}
+
+impl Feature for HeapSnapshots {
+    fn on_start(&mut self, rec: &mut Recording) -> Result<()> {
+        if self.attached && self.take(rec)? == 0 && self.only {
+            eprintln!("lrec: warning: no Lua VM found in the target: the snapshot holds none");
+        }
+        Ok(())
+    }
+
+    fn on_dump(&mut self, rec: &mut Recording) -> Result<bool> {
+        self.take(rec)?;
+        Ok(true)
+    }
+
+    fn done(&self) -> Option<&'static str> {
+        self.only.then_some("heap snapshot taken")
+    }
+
+    fn on_duration(&mut self, rec: &mut Recording) -> Result<()> {
+        if !self.attached {
+            self.take(rec)?;
+        }
+        Ok(())
+    }
+}
+
 impl Recording {
     /// Takes snapshot number `n` of every recorded process holding a Lua VM (`--freeze`:
     /// each process stopped while its memory is copied). Returns the VMs found.
-    pub(super) fn heap_snapshot(&mut self, n: u32, args: &Args) -> Result<u32> {
+    fn heap_snapshot(&mut self, n: u32, cfg: &Heap, quiet: bool) -> Result<u32> {
         let mut pids: Vec<u32> = self.procs.keys().copied().collect();
         pids.sort_unstable();
         let mut vms = 0;
@@ -38,7 +94,7 @@ impl Recording {
                 puc: self.lua.puc_layout(pid),
             };
             if mapped.luajit.is_some() || mapped.puc.is_some() {
-                vms += self.snapshot_process(pid, n, &mapped, args)?;
+                vms += self.snapshot_process(pid, n, &mapped, cfg, quiet)?;
             }
         }
         self.heap_vms += vms;
@@ -46,13 +102,20 @@ impl Recording {
     }
 
     /// One process's snapshot: its memory copied and written with the VMs found in it.
-    fn snapshot_process(&mut self, pid: u32, n: u32, mapped: &Mapped, args: &Args) -> Result<u32> {
-        let frozen = match args.freeze {
+    fn snapshot_process(
+        &mut self,
+        pid: u32,
+        n: u32,
+        mapped: &Mapped,
+        cfg: &Heap,
+        quiet: bool,
+    ) -> Result<u32> {
+        let frozen = match cfg.freeze {
             true => Some(Frozen::new(pid)?),
             false => None,
         };
         let time_ns = procfs::monotonic_ns();
-        let copy = match copy_writable(pid, args.lua_heap_max << 20) {
+        let copy = match copy_writable(pid, cfg.max_bytes) {
             Ok(c) => c,
             Err(e) if !procfs::alive(pid) => {
                 eprintln!("lrec: process {pid} exited before its heap was copied ({e})");
@@ -96,7 +159,7 @@ impl Recording {
             errors: errors.clone(),
         }))?;
         self.writer.flush()?;
-        if !args.quiet {
+        if !quiet {
             let how = match stopped {
                 Some(d) => format!("process stopped {:.1} ms", d.as_secs_f64() * 1e3),
                 None => "live, not stopped".to_string(),

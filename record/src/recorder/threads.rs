@@ -1,29 +1,30 @@
-//! What lrec records of threads besides samples: their states (`--states`), their
-//! off-CPU time counted without stacks (`--off-cpu`), and their names when they change.
+//! What lrec records of threads besides samples: their states (`--states`, a feature)
+//! and their names when they change.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use lrec_format::{OffCpuTotals, Record, ThreadName, ThreadOffCpuTotals, ThreadStates};
+use lrec_format::{Record, ThreadName, ThreadStates};
 
-use super::ending::OffCpuSummary;
+use super::features::Feature;
 use super::{Recording, YOUNG_THREAD};
 use crate::procfs;
 use crate::raw::RawThreadState;
+use crate::sampler::Sampler;
 
 /// When to read the thread states (`--states HZ`): a period on average, at random within
 /// ±50 %. A fixed rate would lock onto periodic work (the target's timers, lrec's own
 /// wake-ups) and see the same moment of it every time.
-pub(super) struct StatesClock {
+pub(super) struct States {
     every: Duration,
     next: Instant,
     /// xorshift state: randomness for timing, not for secrets.
     rng: u64,
 }
 
-impl StatesClock {
-    pub(super) fn new(hz: u32) -> StatesClock {
-        StatesClock {
+impl States {
+    pub(super) fn new(hz: u32) -> States {
+        States {
             every: Duration::from_secs_f64(1.0 / f64::from(hz)),
             next: Instant::now(),
             rng: procfs::monotonic_ns() | 1,
@@ -31,7 +32,7 @@ impl StatesClock {
     }
 
     /// Whether a read is due now; if so, the next one is scheduled.
-    pub(super) fn due(&mut self) -> bool {
+    fn due(&mut self) -> bool {
         let now = Instant::now();
         if now < self.next {
             return false;
@@ -43,15 +44,26 @@ impl StatesClock {
         self.next = now + self.every.mul_f64(0.5 + unit);
         true
     }
+}
 
-    pub(super) fn until_next(&self) -> Duration {
-        self.next.saturating_duration_since(Instant::now())
+impl Feature for States {
+    fn due_in(&self) -> Option<Duration> {
+        Some(self.next.saturating_duration_since(Instant::now()))
+    }
+
+    /// Read first when lrec wakes: work done before the read, at lrec's priority, would
+    /// keep a target thread woken on this CPU waiting, and the read would see it runnable.
+    fn on_wake(&mut self, sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
+        if self.due() {
+            rec.on_states(&sampler.thread_states()?)?;
+        }
+        Ok(())
     }
 }
 
 impl Recording {
     /// One read of the thread-state iterator (`--states`).
-    pub(super) fn on_states(&mut self, bytes: &[u8]) -> Result<()> {
+    fn on_states(&mut self, bytes: &[u8]) -> Result<()> {
         let states = RawThreadState::decode_all(bytes)?;
         let Some(time_ns) = states.iter().map(|(t, _)| *t).min() else {
             return Ok(());
@@ -64,32 +76,6 @@ impl Recording {
         let threads = states.into_iter().map(|(_, t)| t).collect();
         self.writer
             .push(&Record::ThreadStates(ThreadStates { time_ns, threads }))?;
-        Ok(())
-    }
-
-    /// What `--off-cpu` counted without stacks, per thread.
-    pub(super) fn off_cpu_totals(
-        &mut self,
-        min_ns: u64,
-        mut threads: Vec<ThreadOffCpuTotals>,
-        lua_waits_short: (u64, u64),
-        lua_waits_stopped: Option<f64>,
-    ) -> Result<()> {
-        threads.sort_by_key(|t| (t.pid, t.tid));
-        let mut sum = OffCpuSummary {
-            recorded: self.off_cpu - self.lua_waits,
-            lua_waits: self.lua_waits,
-            lua_waits_short,
-            lua_waits_stopped,
-            min_ns,
-            ..OffCpuSummary::default()
-        };
-        for t in &threads {
-            sum.counted.add(t);
-        }
-        self.off_cpu_summary = Some(sum);
-        self.writer
-            .push(&Record::OffCpuTotals(OffCpuTotals { min_ns, threads }))?;
         Ok(())
     }
 
