@@ -1,4 +1,4 @@
-/* Timed calls (--latency, --node-loop; included by sample.bpf.c).
+/* Timed calls (--latency, --node-loop).
  *
  * lat_entry/lat_return are a uprobe and a uretprobe on one function, attached per target
  * process with the function's probe id as cookie. Each thread keeps a shadow stack of
@@ -20,6 +20,11 @@
  * is the reference of lat_bucket) and per-thread count/sum/min/max, with no record per
  * call unless --latency-events. A thread runs on one CPU at a time and its keys are its
  * own: no atomics are needed. */
+#ifndef LREC_LATENCY_H
+#define LREC_LATENCY_H
+
+#include "common.h"
+
 
 #define LAT_MAX_PROBES 256
 #define LAT_DEPTH 32
@@ -322,3 +327,5 @@ int lat_mark_return(struct pt_regs *ctx)
 {
 	return lat_mark(ctx);
 }
+
+#endif

@@ -5,7 +5,7 @@
 #ifndef LREC_LUA_PROTOS_H
 #define LREC_LUA_PROTOS_H
 
-#include "sample.h"
+#include "common.h"
 
 /* Protos already copied out: (tgid, address, chunk name, first line, line count, size). */
 struct lua_proto_key {

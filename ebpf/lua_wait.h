@@ -1,4 +1,4 @@
-/* Lua coroutine waits (--off-cpu, LuaJIT; included by sample.bpf.c after offcpu.h).
+/* Lua coroutine waits (--off-cpu, LuaJIT).
  *
  * A coroutine that yields to the C code that resumed it (lua_yield: OpenResty's
  * ngx.sleep, cosocket connects and reads) waits while its thread serves others: the
@@ -7,6 +7,12 @@
  * waited at least off_cpu_min_ns, records the wait through the sample path: the resumer's
  * registers and stack (what woke it), and the coroutine's own Lua frames, intact while
  * it is suspended, walked from its lua_State (flagged LREC_LUA_SUSPENDED). */
+#ifndef LREC_LUA_WAIT_H
+#define LREC_LUA_WAIT_H
+
+#include "emit.h"
+#include "offcpu.h"
+
 
 /* lua_State.status of a suspended coroutine (lua.h); it follows the GC header
  * (nextgc, marked, gct) and dummy_ffid. */
@@ -116,3 +122,5 @@ int on_lua_resume(struct pt_regs *ctx)
 		w->suspended = 0;
 	return 0;
 }
+
+#endif

@@ -1,8 +1,11 @@
-/* LuaJIT FFI callbacks (included by luajit.h): whether the innermost C frame is a
+/* LuaJIT FFI callbacks: whether the innermost C frame is a
  * callback's whose Lua frame is not on the stack (entered and not set up yet, or returned
  * and not left yet), found by a short walk from the top. */
 #ifndef LREC_LUAJIT_CALLBACK_H
 #define LREC_LUAJIT_CALLBACK_H
+
+#include "luajit_work.h"
+#include "luajit_walk.h"
 
 /* Frames looked at from the top for an FFI callback's own frame. */
 #define LREC_CB_FRAMES 8

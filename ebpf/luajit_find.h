@@ -1,7 +1,10 @@
-/* Finding the LuaJIT VM a sampled thread runs (included by luajit.h): its global_State,
+/* Finding the LuaJIT VM a sampled thread runs: its global_State,
  * current lua_State and innermost C frame, validated against the thread's stack. */
 #ifndef LREC_LUAJIT_FIND_H
 #define LREC_LUAJIT_FIND_H
+
+#include "luajit_work.h"
+#include "luajit_read.h"
 
 static __always_inline int in_vm(struct lua_work *w, __u64 ip)
 {

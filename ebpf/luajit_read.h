@@ -1,8 +1,9 @@
-/* LuaJIT's walk reading the sampled process's memory (included by luajit.h, after struct
- * lua_work): single words, the Lua stack through a window, GC64/GC32 references, and the
+/* LuaJIT's walk reading the sampled process's memory: single words, the Lua stack through a window, GC64/GC32 references, and the
  * lua_State and global_State fields, each state's read once per sample. */
 #ifndef LREC_LUAJIT_READ_H
 #define LREC_LUAJIT_READ_H
+
+#include "luajit_work.h"
 
 static __always_inline __u64 rd64(__u64 addr)
 {

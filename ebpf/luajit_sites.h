@@ -1,4 +1,4 @@
-/* LuaJIT call sites, remembered across samples (included by luajit.h): a Lua frame's
+/* LuaJIT call sites, remembered across samples: a Lua frame's
  * caller lies below it by its call's A operand, which the walk would otherwise read from
  * the caller's bytecode at every frame, and runs the proto that bytecode belongs to, which
  * it would read too. lua_sites (lua_protos.h) remembers both per return PC. A site is used
@@ -8,6 +8,9 @@
  * so, when it is a Lua function called from Lua. */
 #ifndef LREC_LUAJIT_SITES_H
 #define LREC_LUAJIT_SITES_H
+
+#include "luajit_work.h"
+#include "luajit_frame.h"
 
 /* Whether lua_sites holds the call at return PC w->pc and its proto is still the one at
  * its address (one read of its fields, shared with the frames of a recursion through it):

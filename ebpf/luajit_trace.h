@@ -2,10 +2,13 @@
  * sampled instruction, as LuaJIT's own lj_trace_unwind finds it: the frames of the
  * functions inlined into the trace, innermost first, with their current lines, then the
  * trace's start frame at the PC the outermost inlined call left. The trace is read while
- * it runs, so it cannot have been flushed. Included by luajit.h, between the walker's
- * frame emission (lua_emit) and the sample's walk (lua_stack), which calls lua_trace. */
+ * it runs, so it cannot have been flushed. The sample's walk (lua_stack, luajit.h) calls
+ * lua_trace; the trace's frames are emitted as the walk's are (lua_emit). */
 #ifndef LREC_LUAJIT_TRACE_H
 #define LREC_LUAJIT_TRACE_H
+
+#include "luajit_work.h"
+#include "luajit_walk.h"
 
 #define LJ_GCT_TRACE 9 /* ~LJ_TTRACE */
 /* Snapshots (lj_jit.h): entries are slot << 24 | flags | IR ref. */

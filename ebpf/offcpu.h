@@ -1,5 +1,4 @@
-/* Off-CPU intervals and thread states (included by sample.bpf.c: they share its maps and
- * its sample path).
+/* Off-CPU intervals and thread states (sharing the sample path: emit.h).
  *
  * Off CPU: sched_switch notes when a recorded thread leaves a CPU and, when it comes back
  * after blocking for at least off_cpu_min_ns, that it owes a stack: its kernel stack is
@@ -12,6 +11,11 @@
  *
  * Thread states: a task iterator, run by lrec at a fixed rate, writes each recorded
  * thread's state, system call, wait and kernel stack. */
+#ifndef LREC_OFFCPU_H
+#define LREC_OFFCPU_H
+
+#include "emit.h"
+
 
 /* Set by lrec before load. */
 const volatile __u64 off_cpu_min_ns = 1000000;
@@ -388,3 +392,5 @@ int thread_states(struct bpf_iter__task___lrec *ctx)
 	bpf_seq_write(seq, b, size);
 	return 0;
 }
+
+#endif

@@ -1,11 +1,13 @@
-/* PUC Lua prototypes as the walker (puc.h, which includes this after struct puc_work and
- * its readers) reads them: a proto's header (puc_read_proto) and the frame fields it
+/* PUC Lua prototypes as the walker (puc.h) reads them: a proto's header (puc_read_proto) and the frame fields it
  * gives (puc_proto_fields), its source string (puc_string) and that string's identity
  * (puc_name_id), the copy sent to lrec the first time a sample runs it (puc_note_proto),
  * and the proof that a remembered call site's proto is still the one at its address
  * (puc_site_proved). */
 #ifndef LREC_PUC_PROTOS_H
 #define LREC_PUC_PROTOS_H
+
+#include "puc_work.h"
+#include "puc_find.h"
 
 /* The length and text address of a TString. */
 static __always_inline int puc_string(struct puc_work *w, __u64 s, __u32 *len, __u64 *text)

@@ -3,6 +3,8 @@
 #ifndef LREC_SAMPLE_H
 #define LREC_SAMPLE_H
 
+#include <linux/types.h>
+
 #define LREC_PAGE_SIZE 4096
 /* Most user-stack bytes a sample can carry (--stack-size is capped to this). */
 #define LREC_MAX_STACK (64 * 1024)

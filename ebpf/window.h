@@ -5,7 +5,7 @@
 #ifndef LREC_WINDOW_H
 #define LREC_WINDOW_H
 
-#include "sample.h"
+#include "common.h"
 
 #define WINDOW 2048
 /* The largest piece taken from a window: the buffer's slack past WINDOW. */

@@ -129,3 +129,61 @@ fn format_record_and_ebpf_have_no_import_circle() {
     eprintln!("{said}");
     assert!(out.status.success(), "import circles:\n{said}");
 }
+
+/// Each ebpf/ file reads alone: its includes at its top, before any of its own code, and
+/// each header compiles as the first and only include of an empty file (with clang-19, as
+/// record/build.rs compiles the programs).
+#[test]
+fn ebpf_files_read_alone() {
+    let dir = root().join("ebpf");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "h" || e == "c"))
+        .collect();
+    files.sort();
+    let mut wrong = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        // Code: a line outside comments that is not a preprocessor line.
+        let (mut in_comment, mut code_seen) = (false, false);
+        for (n, line) in text.lines().enumerate() {
+            let t = line.trim();
+            let was_comment = in_comment || t.starts_with("/*") || t.starts_with("//");
+            if t.starts_with("/*") && !t.contains("*/") {
+                in_comment = true;
+            } else if in_comment && t.contains("*/") {
+                in_comment = false;
+            }
+            if was_comment || t.is_empty() {
+                continue;
+            }
+            if t.starts_with("#include") && code_seen {
+                wrong.push(format!("{name}:{}: an include after code", n + 1));
+            }
+            code_seen |= !t.starts_with('#');
+        }
+        if name.ends_with(".h") {
+            let unit = std::env::temp_dir().join(format!("lrec-alone-{name}.c"));
+            std::fs::write(&unit, format!("#include \"{name}\"\n")).unwrap();
+            let out = std::process::Command::new("clang-19")
+                .args(["-target", "bpf", "-O2", "-Wall", "-Werror"])
+                // A header's static functions need not be used by the header itself.
+                .args(["-Wno-unused-function", "-D__TARGET_ARCH_x86"])
+                .args(["-I/usr/include/x86_64-linux-gnu", "-fsyntax-only", "-I"])
+                .arg(&dir)
+                .arg(&unit)
+                .output()
+                .expect("clang-19 runs (make setup installs it)");
+            let _ = std::fs::remove_file(&unit);
+            if !out.status.success() {
+                let err = String::from_utf8_lossy(&out.stderr);
+                let first = err.lines().find(|l| l.contains("error")).unwrap_or("");
+                wrong.push(format!("{name} does not compile alone: {first}"));
+            }
+        }
+    }
+    eprintln!("{} ebpf files read alone", files.len() - wrong.len());
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
