@@ -478,7 +478,9 @@ struct Recording {
     state_samples: u64,
     lost: u64,
     lost_causes: LostCauses,
-    /// The draining thread's time on the run queue when it last looked at the losses.
+    /// The draining thread's schedstat (it makes the recording), and its time on the run
+    /// queue when it last looked at the losses.
+    schedstat: procfs::Reread,
     runqueue_ns: u64,
     /// `--latency`, `--node-loop`.
     latency: Option<Tracker>,
@@ -499,6 +501,8 @@ impl Recording {
         writer: CaptureWriter<Output>,
         debug_dir: std::path::PathBuf,
     ) -> Recording {
+        let mut schedstat = procfs::Reread::open("/proc/thread-self/schedstat");
+        let runqueue_ns = procfs::runqueue_wait_ns(&mut schedstat);
         Recording {
             debug_dir,
             debug,
@@ -520,7 +524,8 @@ impl Recording {
             state_samples: 0,
             lost: 0,
             lost_causes: LostCauses::default(),
-            runqueue_ns: procfs::runqueue_wait_ns(),
+            schedstat,
+            runqueue_ns,
             latency: None,
             deadline_ns: None,
             warming_up: false,
@@ -628,7 +633,7 @@ impl Recording {
     /// this thread, which drains the ring, waited for a CPU meanwhile (its run-queue time:
     /// the target saturated the machine) or not (the ring is too small for the rate).
     fn note_lost(&mut self, total: u64) -> Result<()> {
-        let waited = procfs::runqueue_wait_ns();
+        let waited = procfs::runqueue_wait_ns(&mut self.schedstat);
         let late = waited.saturating_sub(std::mem::replace(&mut self.runqueue_ns, waited));
         let causes = &mut self.lost_causes;
         if total > self.lost {

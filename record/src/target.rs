@@ -8,6 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
+use crate::procfs;
+
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     #[error("no such process: {0} (is the PID right, and is it in this PID namespace?)")]
@@ -63,6 +65,8 @@ pub struct Target {
     /// A spawned command runs on when lrec ends (--keep-running).
     keep_running: bool,
     exit: Option<Exit>,
+    /// /proc/PID/stat of each attached process, kept open (`exited`).
+    stats: std::collections::HashMap<u32, procfs::Reread>,
 }
 
 impl Target {
@@ -120,6 +124,7 @@ impl Target {
             spawned: false,
             keep_running: false,
             exit: None,
+            stats: Default::default(),
         })
     }
 
@@ -216,6 +221,7 @@ impl Target {
             spawned: true,
             keep_running,
             exit: None,
+            stats: Default::default(),
         })
     }
 
@@ -272,10 +278,17 @@ impl Target {
                     Exit::Signal(libc::WTERMSIG(status))
                 });
             }
-        } else if std::iter::once(&self.pid).chain(&self.others).all(|&pid| {
-            !std::path::Path::new(&format!("/proc/{pid}/stat")).exists() || is_zombie(pid)
-        }) {
-            self.exit = Some(Exit::Gone);
+        } else {
+            let stats = &mut self.stats;
+            let gone = std::iter::once(&self.pid).chain(&self.others).all(|&pid| {
+                let stat = stats
+                    .entry(pid)
+                    .or_insert_with(|| procfs::Reread::open(&format!("/proc/{pid}/stat")));
+                stat.read().is_none_or(is_zombie)
+            });
+            if gone {
+                self.exit = Some(Exit::Gone);
+            }
         }
         self.exit
     }
@@ -361,14 +374,10 @@ fn read_head(path: &Path) -> Vec<u8> {
 
 static EXEC_REPORT: AtomicI32 = AtomicI32::new(-1);
 
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+/// Whether /proc/PID/stat's text `stat` is a zombie's.
+fn is_zombie(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
 }
 
 /// Set by SIGINT / SIGTERM / SIGHUP.

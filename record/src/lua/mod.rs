@@ -14,6 +14,7 @@ mod puc_proof;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 use lrec_format::{lua_flags, LuaFrame, LuaRuntime, LuaStack, Record, Sample};
 use rustc_hash::FxHashMap;
@@ -53,7 +54,7 @@ enum Detection {
         tries: u32,
     },
     /// LuaJIT: the layout proved, and its VM's trace array.
-    Ready(Box<Layout>, TraceArray),
+    Ready(Arc<Layout>, TraceArray),
     Failed,
     /// PUC Lua: the layout learned from the binary, being proved on samples: those whose
     /// running state read as it says and not, and the samples in its interpreter.
@@ -63,7 +64,7 @@ enum Detection {
         tries: u32,
     },
     /// PUC Lua: the layout proved.
-    Puc(Box<PucLayout>),
+    Puc(Arc<PucLayout>),
 }
 
 /// Where a LuaJIT VM's trace array lies from G, once known (from the binary, or found by
@@ -279,7 +280,7 @@ impl LuaVms {
             ..TraceArray::default()
         };
         let r = luajit_runtime(pid, p, Some(&layout));
-        p.detection = Detection::Ready(Box::new(layout), traces);
+        p.detection = Detection::Ready(Arc::new(layout), traces);
         self.configs.extend(p.config().map(|c| (pid, c)));
         self.records.push(Record::LuaRuntime(r));
     }
@@ -454,7 +455,8 @@ impl LuaVms {
         let mut frames: Vec<LuaFrame> = Vec::with_capacity(raw.len());
         match &p.detection {
             Detection::Ready(layout, traces) => {
-                let (layout, searching) = ((**layout).clone(), traces.searching());
+                // Shared, not copied: a layout's tables are cloned once, not per sample.
+                let (layout, searching) = (Arc::clone(layout), traces.searching());
                 if walk.header.vmstate > 0 && searching {
                     self.find_traces(pid, &layout.offsets, &walk);
                 }
@@ -462,7 +464,7 @@ impl LuaVms {
                 frames.extend(head.iter().map(convert));
             }
             Detection::Puc(rel) => {
-                let rel = (**rel).clone();
+                let rel = Arc::clone(rel);
                 let convert = |f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
                 frames.extend(head.iter().map(convert));
             }

@@ -3,6 +3,8 @@
 //! registers hold a running state must read with it as the VM reads them
 //! ([`puc_proof::proof`](super::puc_proof::proof)).
 
+use std::sync::Arc;
+
 use lrec_format::{Record, Sample};
 
 use super::{luajit, puc_proof, runtime, Detection, LuaVms, ProcessVm, VmCode};
@@ -27,7 +29,7 @@ impl LuaVms {
         });
         let learned = self.learned_puc.get(path).cloned();
         let detection = match (proved, &learned) {
-            (Some(l), _) => Detection::Puc(Box::new(l)),
+            (Some(l), _) => Detection::Puc(Arc::new(l)),
             (None, Some(Ok(l))) if l.missing.is_empty() => Detection::PucPending {
                 layout: Box::new(l.clone()),
                 proofs: (0, 0),
@@ -104,7 +106,7 @@ impl LuaVms {
                 .collect();
             for pid in pids {
                 let q = self.puc.get_mut(&pid).expect("listed above");
-                q.detection = Detection::Puc(Box::new(layout.clone()));
+                q.detection = Detection::Puc(Arc::new(layout.clone()));
                 let mut r = runtime(pid, q, layout.name.clone());
                 r.vm = format!("Lua 5.{}", layout.minor());
                 if let Some(c) = q.code.first().and_then(|c| c.release) {
