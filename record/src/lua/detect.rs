@@ -95,7 +95,11 @@ impl LuaVms {
             for pid in same_binary {
                 self.ready(pid, layout.layout.clone());
             }
-        } else if tries >= TRIES_BEFORE_GIVING_UP || p.voting >= VOTING_BUDGET {
+        // A layout whose prototypes all read right so far gets five times the samples:
+        // a VM busy loading and collecting code gives few looks that decide.
+        } else if tries >= TRIES_BEFORE_GIVING_UP * if no == 0 && yes > 0 { 5 } else { 1 }
+            || p.voting >= VOTING_BUDGET
+        {
             let what = match (votes, yes, no) {
                 (0, ..) => "no sample found its global state where the layout puts it".into(),
                 (_, 0, 0) => format!(

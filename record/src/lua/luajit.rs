@@ -124,14 +124,17 @@ pub fn proto_proof(
     sample: &Sample,
     code: &[VmCode],
 ) -> Option<bool> {
-    let vmstate = read_u32(mem, g + u64::from(l.g_vmstate))? as i32;
     let in_vm = code
         .iter()
         .any(|c| sample.regs.ip >= c.start && sample.regs.ip < c.end);
-    let (base, pc) = if vmstate >= 0 && l.g_jit_base != ABSENT {
-        (read_ref(mem, l, g + u64::from(l.g_jit_base))?, None)
-    } else if vmstate == -1 && in_vm {
+    // A sample in the interpreter carries its BASE and PC (rdx, rbx): the frame it ran,
+    // whatever the VM does by now (a VM busy loading and collecting code is in C or the
+    // GC at most looks, and the proof once starved: 1 decided look in 200). Else, a trace
+    // running now.
+    let (base, pc) = if in_vm {
         (sample.regs.dx, Some(sample.regs.bx))
+    } else if l.g_jit_base != ABSENT && read_u32(mem, g + u64::from(l.g_vmstate))? as i32 >= 0 {
+        (read_ref(mem, l, g + u64::from(l.g_jit_base))?, None)
     } else {
         return None;
     };
