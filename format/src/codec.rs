@@ -226,7 +226,9 @@ impl LastLuaStacks {
             false => 0,
         };
         *pid = stack.pid;
-        last.clone_from(&stack.frames);
+        // The shared frames are in place: the others replace the last stack's.
+        let (old, new) = (last.len() - shared, stack.frames.len() - shared);
+        last.splice(..old, stack.frames[..new].iter().cloned());
         shared
     }
 

@@ -1,5 +1,7 @@
 //! Rust mirror of ebpf/sample.h, the one ABI shared with the BPF program.
 
+use std::borrow::Cow;
+
 use lrec_format::{sample_flags, Regs, Sample, ThreadOffCpuTotals, ThreadState};
 
 mod vm_config;
@@ -104,10 +106,11 @@ impl RawThreadState {
     }
 }
 
-/// One ring-buffer record, decoded.
-pub struct Decoded {
+/// One ring-buffer record, decoded (its Lua frames borrowed from the record's bytes where
+/// they lie aligned, as the ring buffer lays them).
+pub struct Decoded<'a> {
     pub sample: Sample,
-    pub lua: Option<LuaWalk>,
+    pub lua: Option<LuaWalk<'a>>,
     /// Set for an off-CPU record.
     pub off_cpu: Option<OffInterval>,
 }
@@ -161,6 +164,9 @@ pub struct RawLuaFrame {
     /// id and hash, PUC Lua its length and last bytes.
     pub name_id: u32,
 }
+
+// No padding: its bytes are its fields (frames_of borrows them; reuse.rs compares them).
+const _: () = assert!(std::mem::size_of::<RawLuaFrame>() == 3 * 8 + 4 * 4 + 4 + 4);
 
 pub const LUA_CHUNKNAME: usize = 512;
 pub const LUA_LINEINFO: usize = 4096;
@@ -216,9 +222,29 @@ const _: () = assert!(lrec_format::LUA_LINK_JIT == 0x80);
 
 /// A sample's Lua stack as BPF walked it.
 #[derive(Debug, Clone, Default)]
-pub struct LuaWalk {
+pub struct LuaWalk<'a> {
     pub header: RawLuaStack,
-    pub frames: Vec<RawLuaFrame>,
+    pub frames: Cow<'a, [RawLuaFrame]>,
+}
+
+/// The frames whose bytes are `all` (a whole number of them): borrowed when aligned, as
+/// the ring buffer's 8-byte aligned records lay them, else copied.
+fn frames_of(all: &[u8]) -> Cow<'_, [RawLuaFrame]> {
+    let n = all.len() / std::mem::size_of::<RawLuaFrame>();
+    if all
+        .as_ptr()
+        .align_offset(std::mem::align_of::<RawLuaFrame>())
+        == 0
+    {
+        // SAFETY: `all` is aligned for RawLuaFrame and holds n of them; RawLuaFrame is
+        // plain old data without padding, valid for any bytes; the slice borrows `all`.
+        return Cow::Borrowed(unsafe { std::slice::from_raw_parts(all.as_ptr().cast(), n) });
+    }
+    Cow::Owned(
+        (0..n)
+            .map_while(|i| read_pod(all, i * std::mem::size_of::<RawLuaFrame>()))
+            .collect(),
+    )
 }
 
 fn read_pod<T: Copy>(bytes: &[u8], at: usize) -> Option<T> {
@@ -231,7 +257,7 @@ fn read_pod<T: Copy>(bytes: &[u8], at: usize) -> Option<T> {
 impl RawSample {
     /// Decodes one ring-buffer record into a capture sample, its Lua stack, if any, and
     /// its blocked interval for an off-CPU record.
-    pub fn decode(bytes: &[u8]) -> Result<Decoded, RawError> {
+    pub fn decode(bytes: &[u8]) -> Result<Decoded<'_>, RawError> {
         let hdr = std::mem::size_of::<RawSample>();
         let err = |what| RawError {
             len: bytes.len(),
@@ -258,19 +284,10 @@ impl RawSample {
                 let all = bytes
                     .get(first..first + n * std::mem::size_of::<RawLuaFrame>())
                     .ok_or_else(|| err("Lua frames run past the record"))?;
-                let mut frames: Vec<RawLuaFrame> = Vec::with_capacity(n);
-                // SAFETY: `all` holds exactly n frames' bytes, copied into the capacity of
-                // n frames (a byte copy needs no alignment of the source); RawLuaFrame is
-                // plain old data, valid for any bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        all.as_ptr(),
-                        frames.as_mut_ptr().cast::<u8>(),
-                        all.len(),
-                    );
-                    frames.set_len(n);
-                }
-                Some(LuaWalk { header, frames })
+                Some(LuaWalk {
+                    header,
+                    frames: frames_of(all),
+                })
             }
         };
         let sample = Sample {

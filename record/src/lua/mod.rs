@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 use lrec_inspect::lua::named::ABSENT;
 
 use crate::raw::{
-    LuaWalk, RawLuaConfig, RawLuaProto, RawPucConfig, FRAME_FROM_SITE, MAX_LUA_RANGES,
+    LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, FRAME_FROM_SITE, MAX_LUA_RANGES,
 };
 use lrec_inspect::lua::luajit::learn::Learned;
 use lrec_inspect::lua::luajit::Layout;
@@ -150,6 +150,9 @@ pub struct LuaVms {
     late: FxHashMap<ProtoKey, (u32, bool)>,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
+    /// The frames of the last stack handed out, given back once written ([`Self::recycle`]):
+    /// a deep stack's buffer serves the next one.
+    spare_frames: Vec<LuaFrame>,
     /// Lua frames BPF walked, those it named from remembered call sites, and the sites
     /// whose proto was no longer the one remembered (read in full).
     frames: (u64, u64, u64),
@@ -417,6 +420,11 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
+    /// Takes back the frames of a stack [`Self::on_sample`] gave, once written.
+    pub fn recycle(&mut self, frames: Vec<LuaFrame>) {
+        self.spare_frames = frames;
+    }
+
     /// Lua frames BPF walked, those it named from call sites remembered in earlier
     /// samples (each proved in its sample), and the sites it found stale (read in full).
     pub fn frames_named_from_sites(&self) -> (u64, u64, u64) {
@@ -442,17 +450,15 @@ impl LuaVms {
         };
         let (pid, tid) = (sample.pid, sample.tid);
         // The outer frames shared with the thread's last stack are converted already.
-        let last = self.last.take(tid, pid, by_puc);
-        let raw = walk.frames.as_slice();
+        let mut last = self.last.take(tid, pid, by_puc);
+        let raw: &[RawLuaFrame] = &walk.frames;
         self.frames.0 += raw.len() as u64;
         self.frames.1 += raw
             .iter()
             .filter(|f| f.check & FRAME_FROM_SITE != 0)
             .count() as u64;
         self.frames.2 += u64::from(walk.header.stale);
-        let shared = last.as_ref().map_or(0, |l| l.shared(raw));
-        let head = &raw[..raw.len() - shared];
-        let mut frames: Vec<LuaFrame> = Vec::with_capacity(raw.len());
+        let shared = last.shared(raw);
         match &p.detection {
             Detection::Ready(layout, traces) => {
                 // Shared, not copied: a layout's tables are cloned once, not per sample.
@@ -460,22 +466,22 @@ impl LuaVms {
                 if walk.header.vmstate > 0 && searching {
                     self.find_traces(pid, &layout.offsets, &walk);
                 }
-                let convert = |f| self.frame(f, |t, f| t.proto(pid, &layout.offsets, f));
-                frames.extend(head.iter().map(convert));
+                let convert =
+                    |f: &RawLuaFrame| self.frame(f, |t, f| t.proto(pid, &layout.offsets, f));
+                last.update(raw, shared, convert);
             }
             Detection::Puc(rel) => {
                 let rel = Arc::clone(rel);
-                let convert = |f| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
-                frames.extend(head.iter().map(convert));
+                let convert = |f: &RawLuaFrame| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
+                last.update(raw, shared, convert);
             }
             _ => return None,
         }
-        if let Some(l) = &last {
-            frames.extend_from_slice(l.tail(shared));
-        }
+        let mut frames = std::mem::take(&mut self.spare_frames);
+        frames.clear();
+        frames.extend_from_slice(last.frames());
+        self.last.keep(tid, last);
         let header = walk.header;
-        self.last
-            .keep((tid, pid, by_puc), walk.frames, &frames, last);
         Some(LuaStack {
             pid,
             tid,

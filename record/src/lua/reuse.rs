@@ -15,7 +15,9 @@ use crate::raw::RawLuaFrame;
 /// Threads whose last stack is kept: beyond, they are all let go.
 const MAX_THREADS: usize = 1024;
 
-/// A thread's last stack.
+/// A thread's last stack: its walk and the capture frames it converted to, innermost
+/// first, updated in place by the next walk (only the frames that changed are written).
+#[derive(Default)]
 pub(super) struct Last {
     pid: u32,
     puc: bool,
@@ -29,37 +31,28 @@ pub(super) struct LastStacks {
 }
 
 impl LastStacks {
-    /// Takes thread `tid`'s last stack out, if it was walked in process `pid` by the same
-    /// VM kind (`puc`).
-    pub(super) fn take(&mut self, tid: u32, pid: u32, puc: bool) -> Option<Last> {
-        self.by_tid
-            .remove(&tid)
-            .filter(|l| l.pid == pid && l.puc == puc)
-    }
-
-    /// Keeps the stack a sample converted: its walk `raw` and its `frames` (reusing
-    /// `old`'s buffers).
-    pub(super) fn keep(
-        &mut self,
-        (tid, pid, puc): (u32, u32, bool),
-        raw: Vec<RawLuaFrame>,
-        frames: &[LuaFrame],
-        old: Option<Last>,
-    ) {
-        debug_assert_eq!(raw.len(), frames.len());
-        let last = match old {
+    /// Takes thread `tid`'s last stack out: empty unless it was walked in process `pid` by
+    /// the same VM kind (`puc`).
+    pub(super) fn take(&mut self, tid: u32, pid: u32, puc: bool) -> Last {
+        match self.by_tid.remove(&tid) {
+            Some(l) if l.pid == pid && l.puc == puc => l,
             Some(mut l) => {
+                // Its buffers serve again.
+                (l.pid, l.puc) = (pid, puc);
+                l.raw.clear();
                 l.frames.clear();
-                l.frames.extend_from_slice(frames);
-                Last { raw, ..l }
+                l
             }
             None => Last {
                 pid,
                 puc,
-                raw,
-                frames: frames.to_vec(),
+                ..Last::default()
             },
-        };
+        }
+    }
+
+    /// Keeps thread `tid`'s last stack.
+    pub(super) fn keep(&mut self, tid: u32, last: Last) {
         if self.by_tid.len() >= MAX_THREADS {
             self.by_tid.clear();
         }
@@ -68,20 +61,54 @@ impl LastStacks {
 }
 
 impl Last {
-    /// How many outermost frames of a walk are this stack's: equal to its own.
+    /// How many outermost frames of a walk are this stack's: equal to its own, compared
+    /// as bytes (a frame has no padding) a block at a time.
     pub(super) fn shared(&self, raw: &[RawLuaFrame]) -> usize {
-        self.raw
-            .iter()
-            .rev()
-            .zip(raw.iter().rev())
-            .take_while(|(a, b)| a == b)
-            .count()
+        const BLOCK: usize = 16;
+        let m = self.raw.len().min(raw.len());
+        let (a, b) = (&self.raw[self.raw.len() - m..], &raw[raw.len() - m..]);
+        let mut n = 0;
+        while n < m {
+            let k = (m - n).min(BLOCK);
+            let (x, y) = (&a[m - n - k..m - n], &b[m - n - k..m - n]);
+            if bytes(x) == bytes(y) {
+                n += k;
+                continue;
+            }
+            return n + x
+                .iter()
+                .rev()
+                .zip(y.iter().rev())
+                .take_while(|(p, q)| p == q)
+                .count();
+        }
+        n
     }
 
-    /// The capture frames of its `n` outermost frames.
-    pub(super) fn tail(&self, n: usize) -> &[LuaFrame] {
-        &self.frames[self.frames.len() - n..]
+    /// Takes walk `raw` for this stack, its `shared` outermost frames being this stack's
+    /// already: the others are converted by `convert`.
+    pub(super) fn update(
+        &mut self,
+        raw: &[RawLuaFrame],
+        shared: usize,
+        convert: impl FnMut(&RawLuaFrame) -> LuaFrame,
+    ) {
+        let (old, new) = (self.raw.len() - shared, raw.len() - shared);
+        self.raw.splice(..old, raw[..new].iter().copied());
+        self.frames.splice(..old, raw[..new].iter().map(convert));
     }
+
+    /// The capture frames, innermost first.
+    pub(super) fn frames(&self) -> &[LuaFrame] {
+        &self.frames
+    }
+}
+
+/// The bytes of `frames`.
+fn bytes(frames: &[RawLuaFrame]) -> &[u8] {
+    // SAFETY: RawLuaFrame is plain old data without padding (raw.rs asserts its size), so
+    // every byte of the slice is initialized.
+    unsafe { std::slice::from_raw_parts(frames.as_ptr().cast(), std::mem::size_of_val(frames)) }
 }
 
 #[cfg(test)]
@@ -102,40 +129,68 @@ mod tests {
         }
     }
 
+    /// Walks of `ptrs`, innermost first, converted to frames of function ptr * 10.
+    fn update(l: &mut Last, ptrs: &[u64]) -> usize {
+        let walk: Vec<RawLuaFrame> = ptrs.iter().map(|&p| raw(p)).collect();
+        let shared = l.shared(&walk);
+        l.update(&walk, shared, |f| frame(f.ptr as u32 * 10));
+        shared
+    }
+
+    fn functions(l: &Last) -> Vec<u32> {
+        l.frames().iter().map(|f| f.function).collect()
+    }
+
     #[test]
     fn a_stack_shares_its_equal_outer_frames() {
         let mut s = LastStacks::default();
+        let mut l = s.take(9, 7, false);
         // Innermost first: 3 called by 2 called by 1.
-        let frames = [frame(30), frame(20), frame(10)];
-        s.keep((9, 7, false), vec![raw(3), raw(2), raw(1)], &frames, None);
-        let l = s.take(9, 7, false).unwrap();
+        assert_eq!(update(&mut l, &[3, 2, 1]), 0);
+        assert_eq!(functions(&l), [30, 20, 10]);
+        s.keep(9, l);
+        let mut l = s.take(9, 7, false);
         // 4 now runs where 3 did: two frames shared.
-        let walk = vec![raw(4), raw(2), raw(1)];
-        assert_eq!(l.shared(&walk), 2);
-        assert_eq!(l.tail(2), &frames[1..]);
+        assert_eq!(update(&mut l, &[4, 2, 1]), 2);
+        assert_eq!(functions(&l), [40, 20, 10]);
         // Deeper and shallower walks share their outer frames too.
-        assert_eq!(l.shared(&[raw(5), raw(3), raw(2), raw(1)]), 3);
-        assert_eq!(l.shared(&[raw(1)]), 1);
-        assert_eq!(l.shared(&[raw(2)]), 0);
-        // Kept again: the new frames replace the old.
-        s.keep(
-            (9, 7, false),
-            walk,
-            &[frame(40), frame(20), frame(10)],
-            Some(l),
-        );
-        let l = s.take(9, 7, false).unwrap();
-        assert_eq!(l.tail(3)[0].function, 40);
+        assert_eq!(update(&mut l, &[5, 3, 2, 1]), 2);
+        assert_eq!(functions(&l), [50, 30, 20, 10]);
+        assert_eq!(update(&mut l, &[1]), 1);
+        assert_eq!(functions(&l), [10]);
+        assert_eq!(update(&mut l, &[2]), 0);
+        assert_eq!(functions(&l), [20]);
+    }
+
+    #[test]
+    fn deep_stacks_compare_by_blocks() {
+        let mut l = Last::default();
+        let deep: Vec<u64> = (1..=40).rev().collect();
+        update(&mut l, &deep);
+        for changed in [0, 1, 15, 16, 17, 39] {
+            let mut walk = deep.clone();
+            walk[changed] = 100;
+            assert_eq!(
+                update(&mut l, &walk),
+                39 - changed,
+                "frame {changed} changed"
+            );
+            assert_eq!(l.frames()[changed].function, 1000);
+            update(&mut l, &deep);
+        }
+        assert_eq!(update(&mut l, &deep), 40);
     }
 
     #[test]
     fn another_process_or_vm_kind_shares_nothing() {
         let mut s = LastStacks::default();
         for (pid, puc) in [(8, false), (7, true)] {
-            s.keep((9, 7, false), vec![raw(1)], &[frame(1)], None);
-            assert!(s.take(9, pid, puc).is_none());
+            let mut l = s.take(9, 7, false);
+            update(&mut l, &[1]);
+            s.keep(9, l);
+            let l = s.take(9, pid, puc);
+            assert!(l.frames().is_empty());
+            s.keep(9, l);
         }
-        // Taken out either way.
-        assert!(s.take(9, 7, false).is_none());
     }
 }
