@@ -235,22 +235,24 @@ fn main() {
 fn exit_leaving_release<T>(held: T) -> ! {
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    // SAFETY: the child calls only async-signal-safe functions (open, dup2, read, close,
-    // _exit); both processes end with _exit, so nothing is flushed or dropped twice.
+    // SAFETY: the child calls only async-signal-safe functions (read, close, _exit); both
+    // processes end with _exit, so nothing is flushed or dropped twice.
     unsafe {
+        // Whoever reads lrec's output must not wait for the child, which may not run at
+        // once on a busy machine (it starts at nice 0: procfs::realtime): lrec's standard
+        // files go to /dev/null before the fork, all said. (A root without /dev, as
+        // tests/dist.rs's: closed instead.)
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        for fd in 0..3 {
+            match null >= 0 {
+                true => libc::dup2(null, fd),
+                false => libc::close(fd),
+            };
+        }
         // The child must let go last: it waits for the pipe's end that lrec's exit closes.
         let mut pipe = [-1; 2];
         if libc::pipe(pipe.as_mut_ptr()) == 0 && libc::fork() == 0 {
             libc::close(pipe[1]);
-            // Whoever reads lrec's output must not wait for this process.
-            // (A root without /dev, as tests/dist.rs's: closed instead.)
-            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-            for fd in 0..3 {
-                match null >= 0 {
-                    true => libc::dup2(null, fd),
-                    false => libc::close(fd),
-                };
-            }
             let mut byte = 0u8;
             while libc::read(pipe[0], (&raw mut byte).cast(), 1) < 0 {}
             libc::_exit(0);

@@ -101,12 +101,11 @@ pub fn parse_cmdline(raw: &[u8]) -> Vec<String> {
 /// starts gets back.
 pub static STARTED_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
-/// Raises the calling thread's scheduling priority to the highest of its class (nice -20;
-/// root only, else it stays as it was), noting the one it had ([`STARTED_NICE`]): the
-/// thread that drains the samples must keep up when the target's threads leave no CPU
-/// idle, or the ring fills and samples are lost. Not a realtime class: a bug in lrec
-/// cannot take a CPU from everything else. Threads it spawns inherit it (those whose work
-/// can wait lower themselves: [`Yielding`]).
+/// Raises the calling thread's scheduling priority (root only, else it stays as it was),
+/// noting the nice value it had ([`STARTED_NICE`]): lrec's start (BTF, BPF, the target's
+/// binaries) and the thread that drains the samples must keep up when the target's threads
+/// leave no CPU idle, or `-d` is overrun and the ring fills. The nice value becomes -20,
+/// and the thread runs in the realtime class (see [`realtime`]) until it drains.
 pub fn raise_priority() {
     // SAFETY: getpriority and setpriority on the calling thread (who = 0) have no memory
     // effects; a failure only leaves the priority as it was.
@@ -118,6 +117,87 @@ pub fn raise_priority() {
         }
         libc::setpriority(libc::PRIO_PROCESS, 0, -20);
     }
+    realtime(true);
+}
+
+/// The threads [`realtime`] put in the realtime class, for [`on_rttime`].
+static REALTIME_TIDS: [std::sync::atomic::AtomicI32; 8] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; 8];
+
+/// Puts the calling thread in the realtime class (SCHED_RR at its lowest priority) or back
+/// to nice -20 (`on` false). Realtime, lrec's start and end take the CPU time they need
+/// however many threads of the target run (at nice -20 among 200 spinning threads its
+/// start took 0.6–2 s), while the thread that drains the samples, which runs for the whole
+/// recording, stays in the normal class. Bounded: the kernel leaves other classes 5 % of
+/// each second, and after 2 s of CPU without a pause (RLIMIT_RTTIME) the thread goes back
+/// to nice -20 (SIGXCPU, [`on_rttime`]). Threads and processes it starts do not inherit it
+/// (SCHED_RESET_ON_FORK: they start at nice 0). Refused (not root, or a cgroup without
+/// realtime time), it stays as it was.
+pub fn realtime(on: bool) {
+    // SAFETY: gettid has no preconditions.
+    realtime_thread(unsafe { libc::gettid() }, on);
+}
+
+/// [`realtime`] for thread `tid` of lrec.
+fn realtime_thread(tid: libc::pid_t, on: bool) {
+    // SAFETY: sched_setscheduler, setrlimit and sigaction on one of lrec's threads and on
+    // lrec; the handler only makes async-signal-safe system calls.
+    unsafe {
+        if !on {
+            normal_class(tid);
+            return;
+        }
+        let bound = libc::rlimit {
+            rlim_cur: 2_000_000,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_rttime as *const () as usize;
+        if libc::setrlimit(libc::RLIMIT_RTTIME, &bound) != 0
+            || libc::sigaction(libc::SIGXCPU, &act, std::ptr::null_mut()) != 0
+        {
+            return;
+        }
+        let param = libc::sched_param { sched_priority: 1 };
+        if libc::sched_setscheduler(tid, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &param) == 0 {
+            // Noted in a free place (the handler demotes them all).
+            for t in &REALTIME_TIDS {
+                let free = t.load(std::sync::atomic::Ordering::Relaxed);
+                if free == 0 || free == tid {
+                    t.store(tid, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Thread `tid` (0: the calling one) back in the normal class, at nice -20.
+unsafe fn normal_class(tid: libc::pid_t) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: (the caller's) system calls on one of lrec's threads, no memory effects.
+    unsafe {
+        libc::sched_setscheduler(tid, libc::SCHED_OTHER | libc::SCHED_RESET_ON_FORK, &param);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20);
+    }
+}
+
+/// SIGXCPU: a realtime thread ran 2 s without a pause; they all go back to nice -20.
+extern "C" fn on_rttime(_: libc::c_int) {
+    for t in &REALTIME_TIDS {
+        let tid = t.load(std::sync::atomic::Ordering::Relaxed);
+        if tid > 0 {
+            // SAFETY: system calls only (async-signal-safe).
+            unsafe { normal_class(tid) };
+        }
+    }
+}
+
+/// Sets the calling thread, which lrec's start waits for, to nice -20: a thread started
+/// by the realtime one starts at nice 0 ([`realtime`]).
+pub fn nice_high() {
+    // SAFETY: setpriority on the calling thread; a failure leaves it as it was.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, -20) };
 }
 
 /// A thread of lrec's that yields to the target (nice +10) while what it does can wait,
@@ -141,12 +221,14 @@ impl Yielding {
         }
     }
 
-    /// Raises the thread to the priority lrec drains at (it is now on lrec's way).
+    /// Raises the thread to lrec's start's and end's priority, the realtime class (it is
+    /// now on lrec's way: [`realtime`]).
     pub fn hurry(&self) {
         let tid = self.tid.load(std::sync::atomic::Ordering::Relaxed);
         if tid > 0 {
             // SAFETY: setpriority of one of our own threads; a failure leaves it as it was.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20) };
+            realtime_thread(tid, true);
         }
     }
 }

@@ -106,6 +106,8 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         }
     };
     rec.lua.sampling_started();
+    // Started: the thread that drains leaves the realtime class (procfs::realtime).
+    procfs::realtime(false);
     let mut features = features::wanted(cfg, attached);
     // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
     let snapshot_only = features.iter().any(|f| f.done().is_some());
@@ -130,6 +132,7 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         f.on_start(&mut rec)?;
     }
     let reason = run(cfg, target, &mut sampler, &mut rec, &mut features, started)?;
+    procfs::realtime(true);
     end(
         cfg,
         &mut sampler,
@@ -576,7 +579,11 @@ impl Recording {
             self.writer.push(&r)?;
         }
         if let Some(lua) = lua {
-            self.writer.push(&Record::LuaStack(lua))?;
+            let r = Record::LuaStack(lua);
+            self.writer.push(&r)?;
+            if let Record::LuaStack(l) = r {
+                self.lua.recycle(l.frames);
+            }
         }
         match off_cpu {
             None => {

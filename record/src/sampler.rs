@@ -146,7 +146,10 @@ impl Sampler {
         // Parsing the kernel's BTF costs ~80 ms, and `EbpfLoader::new` parses it for
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
-        let btf = std::thread::spawn(Btf::from_sys_fs);
+        let btf = std::thread::spawn(|| {
+            crate::procfs::nice_high();
+            Btf::from_sys_fs()
+        });
         let globals = Globals::new(cfg)?;
         let mut bpf = EbpfLoader::new();
         let mut ebpf = globals.load(&mut bpf, cfg)?;
