@@ -9,7 +9,8 @@
 #   4. Off-CPU overhead. 5. Latency (uprobe) overhead. 6. JIT attribution vs luajit -jp
 #      (ONLY=jp). 7. lrec's own CPU, peak memory and system calls in a big host (ONLY=host).
 #   8. Per-sample cost on the target's own CPU beside perf's, floor subtracted (ONLY=cost).
-#   9. The profilers' own CPU per sample at steady state, 999 Hz, start-up apart (ONLY=own).
+#   9. The profilers' own CPU per sample at steady state, 999 and 4999 Hz, start-up apart, and
+#      nginx's requests per second under each at 4999 Hz (ONLY=own).
 #  10. A Lua heap snapshot of a ~230 MiB LuaJIT heap: time stopped, capture size, analysis (ONLY=heap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -327,11 +328,16 @@ if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = cost ]; } && [ "$(nproc)" -ge 2 ]; th
 fi
 
 # 9. lrec's own CPU per sample at steady state against perf record's (scripts/own_cpu.py):
-#    the same targets, 999 Hz, the profiler's CPU from its 4th second to its last but one,
-#    start-up (the CPU before) reported apart. ONLY=own runs this part only.
+#    the same targets, 999 and 4999 Hz, the profiler's CPU from its 4th second to its last
+#    but one, start-up (the CPU before) reported apart; then nginx + lua under wrk, bare and
+#    recorded by each at 4999 Hz, interleaved (scripts/nginx_load.sh). ONLY=own: this part.
 if { [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = own ]; } && [ "$(nproc)" -ge 2 ]; then
   echo
   python3 scripts/own_cpu.py --rounds "${OWN_ROUNDS:-3}" --secs "${OWN_SECS:-12}" "${cases[@]}"
+  python3 scripts/own_cpu.py --rounds "${OWN_ROUNDS:-3}" --secs "${OWN_SECS:-12}" --hz 4999 "${cases[@]}"
+  # What a busy server loses to each profiler at 4999 Hz: nginx + lua under wrk (issue 40).
+  echo
+  scripts/nginx_load.sh -F 4999 -w "${NGINX_WINDOW:-8}" -r "${NGINX_ROUNDS:-3}"
 fi
 
 # 10. A Lua heap snapshot of a ~230 MiB LuaJIT heap (scripts/heap_bench.sh): the time the
