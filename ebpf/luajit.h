@@ -82,6 +82,8 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->last_name = 0;
 	w->fn_addr = 0;
 	w->pt_addr = 0;
+	w->ptwin.lo = 0;
+	w->pt_prev = 0;
 	w->site_check = 0;
 	w->site_fill = 0;
 	w->stale = 0;

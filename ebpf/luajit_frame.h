@@ -92,9 +92,19 @@ static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua
 	struct lrec_lua_config *c = &w->cfg;
 	if (w->pt_addr != pt) {
 		w->pt_addr = 0;
-		/* One read of the span lrec computed, which holds the four fields. */
-		if (bpf_probe_read_user(w->pt, c->pt_span & 0x7f, (void *)(pt + c->pt_lo)))
+		/* The span lrec computed, which holds the four fields: from the window of
+		 * protos read in this sample (reaching on from the proto read before), else
+		 * read alone. */
+		__u64 *dst = (__u64 *)w->pt;
+		int off = window_toward(&w->ptwin, pt + c->pt_lo, c->pt_span & 0x7f, w->pt_prev);
+		w->pt_prev = pt + c->pt_lo;
+		if (off >= 0) {
+			__u8 *src = &w->ptwin.buf[off & (WINDOW - 1)];
+			for (int i = 0; i < 16; i++)
+				dst[i] = *(__u64 *)&src[i * 8];
+		} else if (bpf_probe_read_user(w->pt, c->pt_span & 0x7f, (void *)(pt + c->pt_lo))) {
 			return -1;
+		}
 		w->pt_addr = pt;
 	}
 	__u32 o_name = (c->pt_chunkname - c->pt_lo) & 0x7f;

@@ -108,6 +108,11 @@ struct lua_work {
 	/* The Lua stack, read a window at a time: the walk goes down it a frame at a time
 	 * (lj_stack_word). */
 	struct window win;
+	/* The memory around the protos the walk reads (lj_proto_key), a window at a time:
+	 * one chunk's protos lie near one another. Read in this sample, as the proof of a
+	 * remembered call site must be. */
+	struct window ptwin;
+	__u64 pt_prev;      /* where the last proto's span read lies (0: none yet) */
 	__u64 fn_addr;      /* the GCfunc in fn, and the proto whose fields are in pt (0: */
 	__u64 pt_addr;      /* none read in this sample) */
 	/* A Lua frame's caller lies below it by its call's A operand (lua_step). Taken from

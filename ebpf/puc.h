@@ -232,6 +232,8 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->stale = 0;
 	w->ciw.lo = 0;
 	w->stw.lo = 0;
+	w->ptw.lo = 0;
+	w->pt_prev = 0;
 	w->ls_of = 0;
 	__u32 n = puc_cached_root(w, tid) ? puc_chain(w) : 0;
 	if (!n && puc_found_root(w, r))

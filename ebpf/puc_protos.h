@@ -128,9 +128,24 @@ static __always_inline int puc_read_proto(struct puc_work *w, __u64 pt, int *fre
 	if (pt == w->last_pt)
 		return 0;
 	w->last_pt = 0; /* a failed read leaves w->pt zeroed */
-	if (!puc_user_ptr(pt) ||
-	    bpf_probe_read_user(w->pt, w->cfg.p_size & (PUC_PT - 1), (void *)pt))
+	if (!puc_user_ptr(pt))
 		return -1;
+	/* From the window of protos read in this sample (reaching on from the proto read
+	 * before), else read alone. */
+	__u32 n = w->cfg.p_size & (PUC_PT - 1);
+	int off = window_toward(&w->ptw, pt, n, w->pt_prev);
+	w->pt_prev = pt;
+	if (off >= 0) {
+		__u8 *src = &w->ptw.buf[off & (WINDOW - 1)];
+		__u64 *dst = (__u64 *)w->pt;
+		for (int i = 0; i < PUC_PT / 8; i++) {
+			if (i * 8 >= n)
+				break;
+			dst[i] = *(__u64 *)&src[i * 8];
+		}
+	} else if (bpf_probe_read_user(w->pt, n, (void *)pt)) {
+		return -1;
+	}
 	w->last_pt = pt;
 	w->last_code = PUC_U64(w->pt, PUC_PT, w->cfg.p_code);
 	*fresh = 1;

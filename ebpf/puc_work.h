@@ -76,6 +76,11 @@ struct puc_work {
 	 * a frame at a time (5.1's CallInfos are an array; later ones are allocated one
 	 * after another, mostly in a row). */
 	struct window ciw, stw;
+	/* The memory around the protos the walk reads (puc_read_proto), a window at a time:
+	 * one chunk's protos lie near one another. Read in this sample, as the proof of a
+	 * remembered call site must be. */
+	struct window ptw;
+	__u64 pt_prev;  /* the last proto read (0: none yet) */
 };
 
 struct {

@@ -9,7 +9,7 @@
 
 #define WINDOW 2048
 /* The largest piece taken from a window: the buffer's slack past WINDOW. */
-#define WINDOW_PIECE 128
+#define WINDOW_PIECE 256
 _Static_assert((WINDOW & (WINDOW - 1)) == 0, "offsets in a window are masked");
 
 struct window {
@@ -37,6 +37,34 @@ static __always_inline int window_at(struct window *win, __u64 addr, __u32 len, 
 		    bpf_probe_read_user(win->buf, WINDOW, (void *)page))
 			goto fail;
 		lo = page;
+	}
+	win->lo = lo;
+	return (int)(addr - lo);
+fail:
+	win->lo = 0;
+	return -1;
+}
+
+/* As window_at, for pieces read in no order (the protos of a walk's frames, which lie near
+ * one another when one chunk defined them): a new window reaches from addr the way the
+ * walk went (below prev, the piece read before, it ends at addr's piece; above, it begins
+ * there; with no prev it is centred), so that the pieces further on are in it too; one
+ * reaching into an unmapped page is retried within addr's page (and the next, where the
+ * piece runs on into it). */
+static __always_inline int window_toward(struct window *win, __u64 addr, __u32 len, __u64 prev)
+{
+	if (addr >= win->lo && win->lo && addr + len <= win->lo + WINDOW)
+		return (int)(addr - win->lo);
+	if (len > WINDOW_PIECE || addr < WINDOW)
+		goto fail;
+	__u64 lo = !prev ? addr - WINDOW / 2 : addr < prev ? addr + len - WINDOW : addr;
+	lo &= ~7ULL;
+	if (bpf_probe_read_user(win->buf, WINDOW, (void *)lo)) {
+		lo = addr & ~(__u64)(LREC_PAGE_SIZE - 1);
+		if (addr + len > lo + WINDOW)
+			lo = addr + len - WINDOW;
+		if (bpf_probe_read_user(win->buf, WINDOW, (void *)lo))
+			goto fail;
 	}
 	win->lo = lo;
 	return (int)(addr - lo);
