@@ -232,6 +232,27 @@ impl LastLuaStacks {
         shared
     }
 
+    /// [`Self::share`] for a stack of thread `tid` of `pid` whose `frames` share `known`
+    /// outer frames with the last stack pushed for that thread, as its pusher knows: taken
+    /// as shared, without comparing them, when this chunk holds that stack (else none).
+    pub(crate) fn share_known(
+        &mut self,
+        tid: u32,
+        pid: u32,
+        frames: &[LuaFrame],
+        known: usize,
+    ) -> usize {
+        let (last_pid, last) = self.0.entry(tid).or_default();
+        let shared = match *last_pid == pid && known <= last.len().min(frames.len()) {
+            true => known,
+            false => 0,
+        };
+        *last_pid = pid;
+        let (old, new) = (last.len() - shared, frames.len() - shared);
+        last.splice(..old, frames[..new].iter().cloned());
+        shared
+    }
+
     /// Appends to `stack` the `shared` outer frames of the last stack of its thread, which
     /// it then replaces.
     pub(crate) fn complete(&mut self, stack: &mut LuaStack, shared: usize) -> Result<(), String> {
@@ -265,7 +286,21 @@ pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
 /// Appends a `LUA_STACK_SHARED` record body: `stack` without its `shared` outermost
 /// frames, then `shared`.
 pub(crate) fn encode_lua_stack_shared(stack: &LuaStack, shared: usize, buf: &mut Vec<u8>) {
-    encode_lua_frames(stack, &stack.frames[..stack.frames.len() - shared], buf);
+    encode_lua_parts(stack, &stack.frames, shared, buf);
+}
+
+/// Appends the body of `stack` with `frames` for its frames: a `LUA_STACK_SHARED` one when
+/// `shared` outermost frames are shared, else a `LUA_STACK` one.
+pub(crate) fn encode_lua_parts(
+    stack: &LuaStack,
+    frames: &[LuaFrame],
+    shared: usize,
+    buf: &mut Vec<u8>,
+) {
+    encode_lua_frames(stack, &frames[..frames.len() - shared], buf);
+    if shared == 0 {
+        return;
+    }
     let mut b = Staged::default();
     b.varint(shared as u64);
     b.flush(buf);

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use crate::codec::LastLuaStacks;
-use crate::v1::{kind, Header, Record};
+use crate::v1::{kind, Header, LuaFrame, LuaStack, Record};
 use crate::{
     chunk_crc, kind_bit, FormatError, CHUNK_HEADER_LEN, CHUNK_MAGIC, FORMAT_VERSION, MAGIC,
 };
@@ -54,6 +54,27 @@ struct Pending {
 }
 
 impl Pending {
+    /// [`Self::push`] of a Lua stack whose frames are `frames` and whose `known` outer
+    /// frames its pusher knows are those of the last stack it pushed for the thread.
+    fn push_lua_stack(&mut self, stack: &LuaStack, frames: &[LuaFrame], known: usize) {
+        let shared = self
+            .lua_last
+            .share_known(stack.tid, stack.pid, frames, known);
+        let k = match shared {
+            0 => kind::LUA_STACK,
+            _ => kind::LUA_STACK_SHARED,
+        };
+        let buf = &mut self.buf;
+        let start = buf.len();
+        buf.extend_from_slice(&k.to_le_bytes());
+        buf.extend_from_slice(&[0; 4]);
+        crate::codec::encode_lua_parts(stack, frames, shared, buf);
+        let len = (buf.len() - start - 6) as u32;
+        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
+        self.records += 1;
+        self.kinds |= kind_bit(k);
+    }
+
     fn push(&mut self, record: &Record) -> Result<(), FormatError> {
         let shared = match record {
             Record::LuaStack(s) => self.lua_last.share(s),
@@ -281,6 +302,21 @@ impl<W: CaptureSink> CaptureWriter<W> {
         if pending.buf.len() >= self.chunk_target && record.kind() != kind::LUA_STACK {
             self.flush()?;
         }
+        Ok(())
+    }
+
+    /// Pushes a sample's Lua stack, as [`Self::push`] would `Record::LuaStack` with `frames`
+    /// for `stack`'s frames (which are not read), knowing that its `known` outermost
+    /// frames are those of the last Lua stack pushed for its thread: a deep stack's frames,
+    /// shared with the thread's last sample, are neither copied nor compared again. The
+    /// pusher's knowledge is taken as it is; 0 is always right.
+    pub fn push_lua_stack(
+        &mut self,
+        stack: &LuaStack,
+        frames: &[LuaFrame],
+        known: usize,
+    ) -> Result<(), FormatError> {
+        self.samples.push_lua_stack(stack, frames, known);
         Ok(())
     }
 

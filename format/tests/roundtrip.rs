@@ -415,3 +415,48 @@ fn a_shared_lua_stack_without_its_earlier_one_is_reported() {
         "{warnings:?}"
     );
 }
+
+/// Stacks pushed with the outer frames their pusher knows are shared read back as
+/// `Record::LuaStack`s whole, across chunks (whose first stack of a thread is whole
+/// whatever the pusher says) and a process change on a thread.
+#[test]
+fn lua_stacks_pushed_with_known_shared_frames_read_back_whole() {
+    let mut w = CaptureWriter::new(Vec::new(), &Header::default()).unwrap();
+    let mut expected = vec![Record::Header(Header::default())];
+    let mut last: std::collections::HashMap<u32, LuaStack> = Default::default();
+    for i in 0..60u64 {
+        let tid = 42 + (i % 3) as u32;
+        let mut s = lua_stack(i, tid, 1 + (i % 4) as usize, 20 + (i % 5) as usize);
+        if i == 31 {
+            s.pid = 43;
+        }
+        // What the pusher knows: the outer frames equal to its last stack's.
+        let known = last.get(&tid).filter(|l| l.pid == s.pid).map_or(0, |l| {
+            (l.frames.iter().rev())
+                .zip(s.frames.iter().rev())
+                .take_while(|(a, b)| a == b)
+                .count()
+        });
+        let header = LuaStack {
+            frames: Vec::new(),
+            ..s.clone()
+        };
+        w.push_lua_stack(&header, &s.frames, known).unwrap();
+        w.push(&Record::Sample(sample(i))).unwrap();
+        last.insert(tid, s.clone());
+        expected.push(Record::LuaStack(s));
+        expected.push(Record::Sample(sample(i)));
+        if i % 20 == 19 {
+            w.flush().unwrap();
+        }
+    }
+    let end = Record::End(End::default());
+    w.push(&end).unwrap();
+    expected.push(end);
+    let cap = Capture::from_bytes(w.finish().unwrap()).unwrap();
+    let (records, warnings) = cap.read_all();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(records, expected);
+    let shared = kind_bit(kind::LUA_STACK_SHARED);
+    assert!(cap.chunks().iter().any(|c| c.kinds & shared != 0));
+}

@@ -375,6 +375,8 @@ fn warm_up(
     // Samples taken before the walkers had their layouts.
     drain(sampler, rec)?;
     rec.warming_up = false;
+    // Their stacks were not written: the first ones written share nothing with them.
+    rec.lua.forget_stacks();
     let (ms, samples) = (
         start.elapsed().as_millis(),
         std::mem::take(&mut rec.warm_up_samples),
@@ -578,12 +580,9 @@ impl Recording {
         for r in self.lua.take_records() {
             self.writer.push(&r)?;
         }
-        if let Some(lua) = lua {
-            let r = Record::LuaStack(lua);
-            self.writer.push(&r)?;
-            if let Record::LuaStack(l) = r {
-                self.lua.recycle(l.frames);
-            }
+        if let Some(c) = lua {
+            let frames = self.lua.frames_of(c.stack.tid);
+            self.writer.push_lua_stack(&c.stack, frames, c.shared)?;
         }
         match off_cpu {
             None => {

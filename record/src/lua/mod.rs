@@ -135,6 +135,15 @@ mod protos;
 mod puc_detect;
 mod reuse;
 
+/// A sample's Lua stack, converted: its record without its frames, which are
+/// [`LuaVms::frames_of`] its thread (until the thread's next sample), and how many of the
+/// outermost are those of the thread's stack converted before (for
+/// `CaptureWriter::push_lua_stack`: every stack converted is written, but while warming up).
+pub struct Converted {
+    pub stack: LuaStack,
+    pub shared: usize,
+}
+
 /// The Lua VMs of every recorded process.
 #[derive(Default)]
 pub struct LuaVms {
@@ -150,9 +159,6 @@ pub struct LuaVms {
     late: FxHashMap<ProtoKey, (u32, bool)>,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
-    /// The frames of the last stack handed out, given back once written ([`Self::recycle`]):
-    /// a deep stack's buffer serves the next one.
-    spare_frames: Vec<LuaFrame>,
     /// Lua frames BPF walked, those it named from remembered call sites, and the sites
     /// whose proto was no longer the one remembered (read in full).
     frames: (u64, u64, u64),
@@ -420,9 +426,16 @@ impl LuaVms {
         std::mem::take(&mut self.records)
     }
 
-    /// Takes back the frames of a stack [`Self::on_sample`] gave, once written.
-    pub fn recycle(&mut self, frames: Vec<LuaFrame>) {
-        self.spare_frames = frames;
+    /// The frames of thread `tid`'s Lua stack that [`Self::on_sample`] converted last,
+    /// innermost first.
+    pub fn frames_of(&self, tid: u32) -> &[LuaFrame] {
+        self.last.frames(tid)
+    }
+
+    /// Forgets the stacks converted so far, which were not written (warming up): the
+    /// next stack of each thread shares no frames with them.
+    pub fn forget_stacks(&mut self) {
+        self.last.clear();
     }
 
     /// Lua frames BPF walked, those it named from call sites remembered in earlier
@@ -432,8 +445,8 @@ impl LuaVms {
     }
 
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
-    /// frames BPF walked into a capture record.
-    pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<LuaStack> {
+    /// frames BPF walked into a capture record (its frames: [`Self::frames_of`]).
+    pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<Converted> {
         let pending = |p: &ProcessVm| matches!(p.detection, Detection::Pending { .. });
         if self.luajit.get(&sample.pid).is_some_and(pending) {
             self.vote(sample);
@@ -477,21 +490,21 @@ impl LuaVms {
             }
             _ => return None,
         }
-        let mut frames = std::mem::take(&mut self.spare_frames);
-        frames.clear();
-        frames.extend_from_slice(last.frames());
         self.last.keep(tid, last);
         let header = walk.header;
-        Some(LuaStack {
-            pid,
-            tid,
-            time_ns: sample.time_ns,
-            vm: header.g,
-            state: header.l,
-            cframe: header.cframe,
-            vmstate: header.vmstate,
-            flags: u32::from(header.flags),
-            frames,
+        Some(Converted {
+            shared,
+            stack: LuaStack {
+                pid,
+                tid,
+                time_ns: sample.time_ns,
+                vm: header.g,
+                state: header.l,
+                cframe: header.cframe,
+                vmstate: header.vmstate,
+                flags: u32::from(header.flags),
+                frames: Vec::new(),
+            },
         })
     }
 }

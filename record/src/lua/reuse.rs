@@ -51,6 +51,16 @@ impl LastStacks {
         }
     }
 
+    /// Thread `tid`'s last stack's frames, innermost first (none when it has none).
+    pub(super) fn frames(&self, tid: u32) -> &[LuaFrame] {
+        self.by_tid.get(&tid).map_or(&[], |l| &l.frames)
+    }
+
+    /// Forgets every thread's last stack.
+    pub(super) fn clear(&mut self) {
+        self.by_tid.clear();
+    }
+
     /// Keeps thread `tid`'s last stack.
     pub(super) fn keep(&mut self, tid: u32, last: Last) {
         if self.by_tid.len() >= MAX_THREADS {
@@ -99,6 +109,7 @@ impl Last {
     }
 
     /// The capture frames, innermost first.
+    #[cfg(test)]
     pub(super) fn frames(&self) -> &[LuaFrame] {
         &self.frames
     }
