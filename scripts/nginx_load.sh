@@ -3,12 +3,13 @@
 # module (fixtures/nginx: two workers, every request Lua work) under wrk, its requests per
 # second in windows of WINDOW seconds, bare, recorded by `lrec -p MASTER` (the workers come
 # along) and by `perf record --call-graph dwarf,16384 -p MASTER,WORKERS`, both at HZ,
-# interleaved over ROUNDS rounds (the order rotating). Prints the median requests per
-# second of each and the loss of each profiler against bare.
+# interleaved over ROUNDS rounds (the order rotating), each window starting 4 s into the
+# recording. Prints the median requests per second of each and the loss of each profiler
+# against bare.
 #
 # Usage: scripts/nginx_load.sh [-F HZ] [-w WINDOW] [-r ROUNDS]
 set -euo pipefail
-hz=4999 window=8 rounds=3
+hz=4999 window=8 rounds=3 lead=4
 while [ $# -gt 0 ]; do
   case "$1" in
     -F) hz=$2; shift 2 ;;
@@ -39,12 +40,13 @@ wrk -t2 -c8 -d2s "$url" >/dev/null # warm-up
 window_rps() {
   local mode=$1 prof=
   case "$mode" in
-    lrec) "$lrec" -q -p "$master" -F "$hz" -d $((window + 2)) -o "$prefix/c.lrec" 2>/dev/null & prof=$! ;;
+    lrec) "$lrec" -q -p "$master" -F "$hz" -d $((window + lead + 1)) -o "$prefix/c.lrec" 2>/dev/null & prof=$! ;;
     perf) perf record -q -F "$hz" --call-graph dwarf,16384 -p "$master,$workers" \
-            -o "$prefix/perf.data" -- sleep $((window + 2)) 2>/dev/null & prof=$! ;;
+            -o "$prefix/perf.data" -- sleep $((window + lead + 1)) 2>/dev/null & prof=$! ;;
   esac
-  # The profiler's start (BPF load, attach) is left out of the window.
-  [ -n "$prof" ] && sleep 1.5
+  # The profiler's start (BPF load, attach; lrec's copies of the binaries' sections) is
+  # left out of the window: its steady state is what a server pays for a long recording.
+  [ -n "$prof" ] && sleep "$lead"
   wrk -t2 -c8 -d"${window}s" "$url" | awk '/^Requests\/sec:/ { print $2 }'
   [ -n "$prof" ] && { wait "$prof" 2>/dev/null || true; }
   rm -f "$prefix/c.lrec" "$prefix/perf.data"
