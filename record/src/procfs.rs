@@ -131,8 +131,9 @@ static REALTIME_TIDS: [std::sync::atomic::AtomicI32; 8] =
 /// recording, stays in the normal class. Bounded: the kernel leaves other classes 5 % of
 /// each second, and after 2 s of CPU without a pause (RLIMIT_RTTIME) the thread goes back
 /// to nice -20 (SIGXCPU, [`on_rttime`]). Threads and processes it starts do not inherit it
-/// (SCHED_RESET_ON_FORK: they start at nice 0). Refused (not root, or a cgroup without
-/// realtime time), it stays as it was.
+/// (SCHED_RESET_ON_FORK: they start at nice 0; a command gets its RLIMIT_RTTIME back:
+/// [`restore_rttime`]). Refused (not root, or a cgroup without realtime time), it stays as
+/// it was.
 pub fn realtime(on: bool) {
     // SAFETY: gettid has no preconditions.
     realtime_thread(unsafe { libc::gettid() }, on);
@@ -151,6 +152,13 @@ fn realtime_thread(tid: libc::pid_t, on: bool) {
             rlim_cur: 2_000_000,
             rlim_max: libc::RLIM_INFINITY,
         };
+        let mut was = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if STARTED_RTTIME.get().is_none() && libc::getrlimit(libc::RLIMIT_RTTIME, &mut was) == 0 {
+            let _ = STARTED_RTTIME.set((was.rlim_cur, was.rlim_max));
+        }
         let mut act: libc::sigaction = std::mem::zeroed();
         act.sa_sigaction = on_rttime as *const () as usize;
         if libc::setrlimit(libc::RLIMIT_RTTIME, &bound) != 0
@@ -169,6 +177,20 @@ fn realtime_thread(tid: libc::pid_t, on: bool) {
                 }
             }
         }
+    }
+}
+
+/// RLIMIT_RTTIME as lrec was started with (soft, hard), before [`realtime`] bounded it.
+static STARTED_RTTIME: std::sync::OnceLock<(libc::rlim_t, libc::rlim_t)> =
+    std::sync::OnceLock::new();
+
+/// Gives the calling process RLIMIT_RTTIME back as lrec was started with: a command lrec
+/// starts, between its fork and its exec (only a system call: async-signal-safe).
+pub fn restore_rttime() {
+    if let Some(&(rlim_cur, rlim_max)) = STARTED_RTTIME.get() {
+        let was = libc::rlimit { rlim_cur, rlim_max };
+        // SAFETY: setrlimit of the calling process from a value on the stack.
+        unsafe { libc::setrlimit(libc::RLIMIT_RTTIME, &was) };
     }
 }
 

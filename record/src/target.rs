@@ -162,7 +162,8 @@ impl Target {
         let lrec = unsafe { libc::getpid() };
         let nice = crate::procfs::STARTED_NICE.load(Ordering::Relaxed);
         // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
-        // prctl, getppid, execvp, write, _exit) on memory prepared before the fork.
+        // setpriority, setrlimit, prctl, getppid, execvp, write, _exit) on memory prepared
+        // before the fork.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(sys("fork"));
@@ -177,8 +178,10 @@ impl Target {
                 if b != 1 {
                     libc::_exit(127);
                 }
-                // The command runs at the priority lrec was started with, not lrec's own.
+                // The command runs at the priority lrec was started with, not lrec's own,
+                // and with the realtime bound lrec was started with.
                 libc::setpriority(libc::PRIO_PROCESS, 0, nice);
+                crate::procfs::restore_rttime();
                 if let Some(u) = user {
                     // Groups first, then the group, then the user: each needs root.
                     if libc::setgroups(u.groups.len(), u.groups.as_ptr()) != 0
