@@ -12,6 +12,7 @@
 #   9. The profilers' own CPU per sample at steady state, 999 and 4999 Hz, start-up apart, and
 #      nginx's requests per second under each at 4999 Hz (ONLY=own).
 #  10. A Lua heap snapshot of a ~230 MiB LuaJIT heap: time stopped, capture size, analysis (ONLY=heap).
+#  11. lrec's memory over a 10-minute recording and flight recorder of a busy host (ONLY=soak).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -84,7 +85,7 @@ fi
 LUA_RUNS=${LUA_RUNS:-5}
 CHAINS=fixtures/workloads/lua/chains.lua
 CASES=()
-case "${ONLY:-}" in native|offcpu|latency|jp|host|cost|own|heap) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
+case "${ONLY:-}" in native|offcpu|latency|jp|host|cost|own|heap|soak) LUA_CASES=0 ;; *) LUA_CASES=1 ;; esac
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != puc ] && CASES+=("luajit jit on|fixtures/bin/luajit-gc64|12000" "luajit -joff|fixtures/bin/luajit-gc64 -joff|8000")
 [ "$LUA_CASES" = 1 ] && [ "${ONLY:-}" != luajit ] && command -v lua5.4 >/dev/null && CASES+=("lua5.4|lua5.4|5000")
 [ "${ONLY:-}" = offcpu ] && CASES=()
@@ -345,5 +346,16 @@ fi
 if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = heap ]; then
   echo
   scripts/heap_bench.sh
+fi
+
+# 11. lrec's memory over a long recording (issue 40; scripts/soak.sh): a busy
+#     multi-threaded Lua host (fixtures/workloads/churn.c with LuaJIT: 4 threads, each
+#     request a new VM) recorded at 999 Hz for SOAK_SECS (600), then its flight recorder for
+#     as long; lrec's RSS at minute 1, at the end and its peak. ONLY=soak runs this part only.
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = soak ]; then
+  soak=${SOAK_SECS:-600}
+  echo
+  scripts/soak.sh -s "$soak" -- fixtures/bin/churn-luajit $((soak + 30)) 4 3
+  scripts/soak.sh -s "$soak" --flight -- fixtures/bin/churn-luajit $((soak + 30)) 4 3
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true

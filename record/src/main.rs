@@ -157,9 +157,10 @@ pub struct Args {
     /// the capture: a timeline, markers in `lanalyze --firefox`.
     #[arg(long)]
     pub latency_events: bool,
-    /// Ring-buffer size in MiB (a power of two). Default: 4 MiB per online CPU, at least
-    /// 8 and at most 128 (the ring is mapped twice into lrec: its size counts double in
-    /// lrec's memory). Raise it if lrec reports lost samples.
+    /// Ring-buffer size in MiB (a power of two). Default: a quarter of a second of samples
+    /// of every online CPU at -F with --stack-size stacks (4 MiB per CPU at 999 Hz and 16
+    /// KiB), at least 8 and at most 128 (the ring is mapped twice into lrec: its size counts
+    /// double in lrec's memory). Raise it if lrec reports lost samples.
     #[arg(long, value_name = "MIB")]
     pub ring_mib: Option<u32>,
     /// No live status line.
