@@ -44,14 +44,14 @@ pub struct Embedder {
     done: Receiver<Embedded>,
     /// Jobs submitted and not yet handed back.
     queued: usize,
-    thread: crate::procfs::Yielding,
+    thread: crate::priority::Yielding,
 }
 
 impl Embedder {
     pub fn new() -> Embedder {
         let (jobs, inbox) = channel::<Job>();
         let (outbox, done) = channel();
-        let thread = crate::procfs::Yielding::default();
+        let thread = crate::priority::Yielding::default();
         let yielding = thread.clone();
         std::thread::Builder::new()
             .name("lrec-embed".into())

@@ -8,6 +8,7 @@ mod kallsyms;
 mod latency;
 mod lua;
 mod output;
+mod priority;
 mod procfs;
 mod raw;
 mod recorder;
@@ -221,7 +222,7 @@ fn main() {
     // lrec's own start (BTF, BPF, the target's binaries) and the thread that drains the
     // samples must keep up when the target saturates the CPUs: from the first step. (A
     // command lrec starts gets its priority back before it runs.)
-    procfs::raise_priority();
+    priority::raise_priority();
     let args = Args::parse();
     match run(args) {
         Ok(sampler) => exit_leaving_release(sampler),
@@ -240,7 +241,7 @@ fn exit_leaving_release<T>(held: T) -> ! {
     // processes end with _exit, so nothing is flushed or dropped twice.
     unsafe {
         // Whoever reads lrec's output must not wait for the child, which may not run at
-        // once on a busy machine (it starts at nice 0: procfs::realtime): lrec's standard
+        // once on a busy machine (it starts at nice 0: priority::realtime): lrec's standard
         // files go to /dev/null before the fork, all said. (A root without /dev, as
         // tests/dist.rs's: closed instead.)
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);

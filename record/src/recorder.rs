@@ -106,8 +106,8 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         }
     };
     rec.lua.sampling_started();
-    // Started: the thread that drains leaves the realtime class (procfs::realtime).
-    procfs::realtime(false);
+    // Started: the thread that drains leaves the realtime class (priority::realtime).
+    crate::priority::realtime(false);
     let mut features = features::wanted(cfg, attached);
     // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
     let snapshot_only = features.iter().any(|f| f.done().is_some());
@@ -132,7 +132,7 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         f.on_start(&mut rec)?;
     }
     let reason = run(cfg, target, &mut sampler, &mut rec, &mut features, started)?;
-    procfs::realtime(true);
+    crate::priority::realtime(true);
     end(
         cfg,
         &mut sampler,
@@ -196,7 +196,7 @@ fn attach_sampler(
     rec: &mut Recording,
     pids: &[u32],
 ) -> Result<Sampler, crate::sampler::SamplerError> {
-    let ring_bytes = cfg.ring_mib.unwrap_or_else(|| default_ring_mib(cfg)) << 20;
+    let ring_bytes = cfg.ring_mib() << 20;
     rec.lost_causes.ring_bytes = u64::from(ring_bytes);
     Sampler::attach(&SamplerConfig {
         pids: pids.to_vec(),
@@ -432,23 +432,6 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
     Ok(())
 }
 
-/// The sample ring's size without `--ring-mib`, for the rate and stack size `cfg` asks:
-/// [`ring_mib_for`] the online CPUs.
-fn default_ring_mib(cfg: &Config) -> u32 {
-    let cpus = aya::util::online_cpus().map_or(2, |c| c.len() as u32);
-    ring_mib_for(cpus, cfg.frequency_hz, cfg.stack_size)
-}
-
-/// A quarter of a second of every CPU's samples at `hz` with stacks of `stack_size` bytes
-/// (4 MiB per CPU at 999 Hz with 16 KiB stacks: lrec drains at every quarter, sooner when
-/// the ring fills up), in MiB, a power of two from 8 to 128.
-fn ring_mib_for(cpus: u32, hz: u64, stack_size: u32) -> u32 {
-    let bytes = u64::from(cpus) * hz * u64::from(stack_size) / 4;
-    (bytes.div_ceil(1 << 20) as u32)
-        .clamp(8, 128)
-        .next_power_of_two()
-}
-
 /// Writes every sample waiting in the ring buffer; stops at the first that fails.
 fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     let mut failure = None;
@@ -679,23 +662,5 @@ impl Recording {
             flight.evict(procfs::monotonic_ns());
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ring_mib_for;
-
-    #[test]
-    fn the_ring_grows_with_the_rate_and_the_stacks() {
-        // 999 Hz, 16 KiB stacks: 4 MiB per CPU, as before the rate counted.
-        assert_eq!(ring_mib_for(2, 999, 16384), 8);
-        assert_eq!(ring_mib_for(4, 999, 16384), 16);
-        // Five times the rate on 2 CPUs: 40 MiB, a power of two up.
-        assert_eq!(ring_mib_for(2, 4999, 16384), 64);
-        assert_eq!(ring_mib_for(2, 999, 65536), 32);
-        // Bounds.
-        assert_eq!(ring_mib_for(2, 99, 16384), 8);
-        assert_eq!(ring_mib_for(64, 4999, 65536), 128);
     }
 }

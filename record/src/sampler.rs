@@ -147,7 +147,7 @@ impl Sampler {
         // itself: one loader serves both objects (their globals need not all exist in
         // each), while the copy the tracepoints need is parsed on another CPU.
         let btf = std::thread::spawn(|| {
-            crate::procfs::nice_high();
+            crate::priority::nice_high();
             Btf::from_sys_fs()
         });
         let globals = Globals::new(cfg)?;

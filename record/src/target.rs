@@ -160,7 +160,7 @@ impl Target {
         }
         // SAFETY: getpid has no preconditions.
         let lrec = unsafe { libc::getpid() };
-        let nice = crate::procfs::STARTED_NICE.load(Ordering::Relaxed);
+        let nice = crate::priority::STARTED_NICE.load(Ordering::Relaxed);
         // SAFETY: after fork the child only calls async-signal-safe functions (close, read,
         // setpriority, setrlimit, prctl, getppid, execvp, write, _exit) on memory prepared
         // before the fork.
@@ -181,7 +181,7 @@ impl Target {
                 // The command runs at the priority lrec was started with, not lrec's own,
                 // and with the realtime bound lrec was started with.
                 libc::setpriority(libc::PRIO_PROCESS, 0, nice);
-                crate::procfs::restore_rttime();
+                crate::priority::restore_rttime();
                 if let Some(u) = user {
                     // Groups first, then the group, then the user: each needs root.
                     if libc::setgroups(u.groups.len(), u.groups.as_ptr()) != 0

@@ -65,3 +65,40 @@ pub struct Heap {
     /// Copy at most this much of a process's memory.
     pub max_bytes: u64,
 }
+
+impl Config {
+    /// The sample ring's size in MiB: `--ring-mib`, else for the rate and stack size asked:
+    /// [`ring_mib_for`] the online CPUs.
+    pub fn ring_mib(&self) -> u32 {
+        let cpus = aya::util::online_cpus().map_or(2, |c| c.len() as u32);
+        (self.ring_mib).unwrap_or_else(|| ring_mib_for(cpus, self.frequency_hz, self.stack_size))
+    }
+}
+
+/// A quarter of a second of every CPU's samples at `hz` with stacks of `stack_size` bytes
+/// (4 MiB per CPU at 999 Hz with 16 KiB stacks: lrec drains at every quarter, sooner when
+/// the ring fills up), in MiB, a power of two from 8 to 128.
+fn ring_mib_for(cpus: u32, hz: u64, stack_size: u32) -> u32 {
+    let bytes = u64::from(cpus) * hz * u64::from(stack_size) / 4;
+    (bytes.div_ceil(1 << 20) as u32)
+        .clamp(8, 128)
+        .next_power_of_two()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_mib_for;
+
+    #[test]
+    fn the_ring_grows_with_the_rate_and_the_stacks() {
+        // 999 Hz, 16 KiB stacks: 4 MiB per CPU, as before the rate counted.
+        assert_eq!(ring_mib_for(2, 999, 16384), 8);
+        assert_eq!(ring_mib_for(4, 999, 16384), 16);
+        // Five times the rate on 2 CPUs: 40 MiB, a power of two up.
+        assert_eq!(ring_mib_for(2, 4999, 16384), 64);
+        assert_eq!(ring_mib_for(2, 999, 65536), 32);
+        // Bounds.
+        assert_eq!(ring_mib_for(2, 99, 16384), 8);
+        assert_eq!(ring_mib_for(64, 4999, 65536), 128);
+    }
+}

@@ -328,13 +328,13 @@ impl Recording {
 /// /proc/kallsyms, loading on a thread until first asked for (a failure said once).
 pub(super) struct Kallsyms {
     loading: Option<std::thread::JoinHandle<Result<KallsymsTable, procfs::ProcError>>>,
-    thread: procfs::Yielding,
+    thread: crate::priority::Yielding,
     table: Option<KallsymsTable>,
 }
 
 impl Kallsyms {
     pub(super) fn load() -> Kallsyms {
-        let thread = procfs::Yielding::default();
+        let thread = crate::priority::Yielding::default();
         let yielding = thread.clone();
         Kallsyms {
             loading: Some(std::thread::spawn(move || {
