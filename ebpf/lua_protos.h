@@ -7,7 +7,8 @@
 
 #include "common.h"
 
-/* Protos already copied out: (tgid, address, chunk name, first line, line count, size). */
+/* Protos already copied out: (tgid, address, chunk name, first line, line count, size),
+ * in the generation they were copied in (lua_proto_gen). */
 struct lua_proto_key {
 	__u32 tgid;
 	__s32 firstline;
@@ -16,8 +17,27 @@ struct lua_proto_key {
 	__u32 numline;
 	__u32 sizebc;
 	__u32 name_id;
-	__u32 pad;
+	__u32 gen;
 };
+
+/* The generation of copies: lrec forgets the keys of protos it received two generations
+ * ago (a host whose VMs live for one request makes new ones for as long as it runs), and
+ * counts a new generation here first, so that every proto a frame names from now on is
+ * copied out again in it, or was copied in it (the call sites of lua_sites included). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} lua_proto_gen SEC(".maps");
+
+/* The generation now. */
+static __always_inline __u32 lua_proto_gen_now(void)
+{
+	__u32 zero = 0;
+	__u32 *g = bpf_map_lookup_elem(&lua_proto_gen, &zero);
+	return g ? *g : 0;
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -56,7 +76,7 @@ static __always_inline void lua_proto_key_of(struct lua_proto_key *k, __u32 tgid
 	*k = (struct lua_proto_key){
 		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
 		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-		.name_id = f->name_id,
+		.name_id = f->name_id, .gen = lua_proto_gen_now(),
 	};
 }
 
@@ -65,7 +85,7 @@ static __always_inline int lua_proto_key_eq(struct lua_proto_key *a, struct lua_
 {
 	return a->ptr == b->ptr && a->tgid == b->tgid && a->firstline == b->firstline &&
 	       a->chunkname == b->chunkname && a->numline == b->numline &&
-	       a->sizebc == b->sizebc && a->name_id == b->name_id;
+	       a->sizebc == b->sizebc && a->name_id == b->name_id && a->gen == b->gen;
 }
 
 /* This CPU's cache entry for key k. */
@@ -164,14 +184,16 @@ static __always_inline struct lua_site_set *lua_site_set(__u64 pc)
 	return bpf_map_lookup_elem(&lua_sites, &i);
 }
 
-/* The remembered call site at PC pc in process tgid, or 0. */
+/* The remembered call site at PC pc in process tgid, or 0. A site remembered in an
+ * earlier generation names a proto lrec may have forgotten: it is not used. */
 static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid)
 {
 	struct lua_site_set *set = lua_site_set(pc);
 	if (!set)
 		return 0;
+	__u32 gen = lua_proto_gen_now();
 	for (int i = 0; i < LUA_SITE_WAYS; i++)
-		if (set->e[i].pc == pc && set->e[i].k.tgid == tgid)
+		if (set->e[i].pc == pc && set->e[i].k.tgid == tgid && set->e[i].k.gen == gen)
 			return &set->e[i];
 	return 0;
 }
@@ -205,7 +227,16 @@ static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid,
 /* Sends a filled proto record and remembers it (its key k) as copied. */
 static __always_inline void lua_proto_commit(struct lrec_lua_proto *p, struct lua_proto_key *k)
 {
-	if (bpf_ringbuf_output(&lua_protos, p, sizeof(*p), 0))
+	/* Only the bytes filled: the line table's (PUC 5.4+: up to its absolute lines). A
+	 * small function's copy is ~600 bytes, not the whole record's ~4.7 KiB: a host making
+	 * VMs per request sends thousands of copies a second, and the ring must hold them. */
+	__u32 used = p->abs_len ? LREC_PUC_ABS_AT + p->abs_len : p->lineinfo_len;
+	if (used > LREC_LUA_LINEINFO)
+		used = LREC_LUA_LINEINFO;
+	__u64 size = __builtin_offsetof(struct lrec_lua_proto, lineinfo) + used;
+	if (size > sizeof(*p))
+		size = sizeof(*p);
+	if (bpf_ringbuf_output(&lua_protos, p, size, 0))
 		return;
 	__u32 one = 1;
 	bpf_map_update_elem(&lua_protos_seen, k, &one, BPF_ANY);

@@ -117,7 +117,7 @@ static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua
 	k->firstline = *(__s32 *)&w->pt[o_line];
 	k->numline = *(__u32 *)&w->pt[o_num];
 	k->sizebc = *(__u32 *)&w->pt[o_size];
-	k->pad = 0;
+	k->gen = lua_proto_gen_now();
 	/* GCstr: its id (2.1's sid, or its hash in older builds) and the word after it
 	 * (cfg.str_id) identify it; the frames of one chunk share it (read once per sample). */
 	if (k->chunkname != w->last_name) {

@@ -6,7 +6,7 @@
 #
 # Usage: scripts/soak.sh [-s SECS] [--flight] -- COMMAND ARGS...
 set -euo pipefail
-lrec=./target/release/lrec secs=600 flight=
+lrec=${LREC:-./target/release/lrec} secs=600 flight=
 while [ $# -gt 0 ]; do
   case "$1" in
     -s) secs=$2; shift 2 ;;
@@ -40,7 +40,8 @@ wait "$rec" || { echo "soak: lrec failed:" >&2; cat "$out/err" >&2; exit 1; }
 awk -v what="$([ -n "$flight" ] && echo "flight recorder (--flight 30)" || echo "recording")" \
     -v secs="$secs" '
   $1 == 60 { m1 = $2 } { last = $2; if ($2 > peak) peak = $2 }
+  $1 % 60 == 0 { minutes = minutes sprintf(" %.1f", $2) }
   END {
-    printf "lrec %s, %d s at 999 Hz: RSS %.1f MB at minute 1, %.1f MB at the end, peak %.1f MB: %+.1f %% after minute 1\n",
-      what, secs, m1, last, peak, 100 * (last - m1) / m1
+    printf "lrec %s, %d s at 999 Hz: RSS %.1f MB at minute 1, %.1f MB at the end, peak %.1f MB: %+.1f %% after minute 1 (each minute, MB:%s)\n",
+      what, secs, m1, last, peak, 100 * (last - m1) / m1, minutes
   }' "$out/rss"

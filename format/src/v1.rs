@@ -381,8 +381,9 @@ pub struct LuaRuntime {
 
 /// Names and lines of one Lua function prototype, written once the first time a sample
 /// runs it. `id` is unique per capture and process: a proto freed and another allocated
-/// at the same address gets a new id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// at the same address gets a new id; protos of the same content (the same chunk loaded
+/// again, by a VM made per request) may share one.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct LuaProto {
     pub pid: u32,
     pub id: u32,

@@ -203,8 +203,16 @@ pub struct RawLuaProto {
 }
 
 impl RawLuaProto {
+    /// BPF sends a copy up to the last byte of its line table it filled
+    /// (ebpf/lua_protos.h, lua_proto_commit): the rest reads as zeros.
     pub fn decode(bytes: &[u8]) -> Option<RawLuaProto> {
-        read_pod(bytes, 0)
+        let size = std::mem::size_of::<RawLuaProto>();
+        if bytes.len() < std::mem::offset_of!(RawLuaProto, lineinfo) || bytes.len() > size {
+            return None;
+        }
+        let mut whole = [0u8; std::mem::size_of::<RawLuaProto>()];
+        whole[..bytes.len()].copy_from_slice(bytes);
+        read_pod(&whole, 0)
     }
 }
 

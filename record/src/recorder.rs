@@ -429,6 +429,9 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
     for (pid, cfg) in rec.lua.take_puc_configs() {
         sampler.set_puc_config(pid, &cfg)?;
     }
+    if let Some(gen) = rec.lua.turn_generation() {
+        sampler.set_lua_proto_gen(gen)?;
+    }
     Ok(())
 }
 

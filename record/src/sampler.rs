@@ -243,6 +243,20 @@ impl Sampler {
         insert_config(&mut self.lua_config, "lua_config", pid, cfg)
     }
 
+    /// Starts generation `gen` of the Lua protos BPF copies out (ebpf/lua_protos.h,
+    /// lua_proto_gen): each proto a frame names from now on is copied again, once.
+    pub fn set_lua_proto_gen(&mut self, gen: u32) -> Result<(), SamplerError> {
+        let name = "lua_proto_gen";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(SamplerError::MissingMap(name))?;
+        let mut map = aya::maps::Array::<_, u32>::try_from(map)
+            .map_err(|source| SamplerError::Map { name, source })?;
+        map.set(0, gen, 0)
+            .map_err(|source| SamplerError::Map { name, source })
+    }
+
     /// Times the waits of Lua coroutines that yield to C in the LuaJIT VM of binary
     /// `path` (--off-cpu): uprobes on its lua_yield and lua_resume (ebpf/lua_wait.h), for
     /// every process mapping it (BPF keeps the targets').

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use lrec_format::{lua_flags, LuaFrame, LuaRuntime, LuaStack, Record, Sample};
+use lrec_format::{lua_flags, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
 use rustc_hash::FxHashMap;
 
 use lrec_inspect::lua::named::ABSENT;
@@ -24,6 +24,7 @@ use lrec_inspect::lua::named::ABSENT;
 use crate::raw::{
     LuaWalk, RawLuaConfig, RawLuaFrame, RawLuaProto, RawPucConfig, FRAME_FROM_SITE, MAX_LUA_RANGES,
 };
+use generations::TwoGen;
 use lrec_inspect::lua::luajit::learn::Learned;
 use lrec_inspect::lua::luajit::Layout;
 use lrec_inspect::lua::puc::learn::Learned as PucLearned;
@@ -104,8 +105,8 @@ struct ProtoKey {
     name_id: u32,
 }
 
-/// Hashed by process and address alone: looked up for every Lua frame of every sample
-/// (twice, with [`check`]), and protos at one address differ in their other fields only
+/// Hashed by process and address alone: looked up for every Lua frame of every sample,
+/// and protos at one address differ in their other fields only
 /// after a collection (equality compares them all).
 impl std::hash::Hash for ProtoKey {
     fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
@@ -131,6 +132,7 @@ macro_rules! proto_key {
 }
 
 mod detect;
+mod generations;
 mod protos;
 mod puc_detect;
 mod reuse;
@@ -150,13 +152,20 @@ pub struct LuaVms {
     /// The LuaJIT and the PUC Lua interpreter of each process (a process may hold both).
     luajit: FxHashMap<u32, ProcessVm>,
     puc: FxHashMap<u32, ProcessVm>,
-    /// Looked up for every Lua frame of every sample: a fast hash, not SipHash.
-    protos: FxHashMap<ProtoKey, Option<u32>>,
+    /// Looked up for every Lua frame of every sample: a fast hash, not SipHash. Kept for
+    /// two generations of BPF's copies ([`generations`]), as the two below.
+    protos: TwoGen<ProtoKey, Option<u32>>,
     /// Chunk names and line tables BPF copied when a sample first ran a proto.
-    copied: FxHashMap<ProtoKey, RawLuaProto>,
+    copied: TwoGen<ProtoKey, RawLuaProto>,
     /// Protos frames named before BPF's copy of them came: their reserved id, and whether
     /// PUC Lua's.
-    late: FxHashMap<ProtoKey, (u32, bool)>,
+    late: TwoGen<ProtoKey, (u32, bool)>,
+    /// When the generations turn.
+    generations: generations::Clock,
+    /// The id of each proto record written, by its content (its id 0): protos of the
+    /// same code at other addresses (a VM per request loads the same chunks again) share
+    /// it, and the capture holds each once.
+    by_content: FxHashMap<LuaProto, u32>,
     /// Each thread's last stack, whose outer frames the next one shares.
     last: reuse::LastStacks,
     /// Lua frames BPF walked, those it named from remembered call sites, and the sites
@@ -300,11 +309,24 @@ impl LuaVms {
             return;
         };
         let key = proto_key!(p.tgid, p);
-        if !self.protos.contains_key(&key) {
+        if !self.protos.contains(&key) {
             self.copied.insert(key, p);
         } else {
             self.late_copy(&key, &p);
         }
+    }
+
+    /// A new generation of the protos BPF copies out, when the newer one holds enough
+    /// keys: lrec forgets the keys it has not seen since the one before
+    /// ([`generations`]). Returns the generation BPF must count from now on.
+    pub fn turn_generation(&mut self) -> Option<u32> {
+        if !self.generations.turn(self.protos.len()) {
+            return None;
+        }
+        self.protos.rotate();
+        self.copied.rotate();
+        self.late.rotate();
+        Some(self.generations.gen)
     }
 
     /// Sampling starts now: the interpreters found before (an attached target's) have

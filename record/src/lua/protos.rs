@@ -107,6 +107,9 @@ impl LuaVms {
         };
         if let Some(mut proto) = proto.filter(|p| self.is_named(p)) {
             proto.pid = key.pid;
+            // Frames name `id` already: its record is written even if another id has
+            // this content.
+            self.by_content.entry(proto.clone()).or_insert(id);
             proto.id = id;
             self.records.push(Record::LuaProto(proto));
         }
@@ -125,15 +128,28 @@ impl LuaVms {
     fn new_proto(&mut self, key: ProtoKey, read: Option<LuaProto>) -> u32 {
         let read = read.filter(|p| self.is_named(p));
         let id = read.map(|mut proto| {
-            let id = self.next_proto;
-            self.next_proto += 1;
             proto.pid = key.pid;
-            proto.id = id;
-            self.records.push(Record::LuaProto(proto));
-            id
+            self.id_of(proto)
         });
         self.protos.insert(key, id);
         id.unwrap_or(u32::MAX)
+    }
+}
+
+impl LuaVms {
+    /// The id of a proto read (its id 0): that of a record with the same content written
+    /// before, else a new one, its record queued.
+    fn id_of(&mut self, proto: LuaProto) -> u32 {
+        if let Some(&id) = self.by_content.get(&proto) {
+            return id;
+        }
+        let id = self.next_proto;
+        self.next_proto += 1;
+        let mut record = proto.clone();
+        record.id = id;
+        self.records.push(Record::LuaProto(record));
+        self.by_content.insert(proto, id);
+        id
     }
 }
 
@@ -162,5 +178,77 @@ fn copied_proto(c: &RawLuaProto, lines: Vec<u32>) -> LuaProto {
         numline: c.numline,
         lines,
         callee_names: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ptr: u64, chunkname: u64) -> ProtoKey {
+        ProtoKey {
+            pid: 7,
+            ptr,
+            chunkname,
+            firstline: 3,
+            numline: 2,
+            sizebc: 9,
+            name_id: 1,
+        }
+    }
+
+    fn proto(chunkname: &str) -> LuaProto {
+        LuaProto {
+            chunkname: chunkname.into(),
+            firstline: 3,
+            numline: 2,
+            lines: vec![3, 4, 5],
+            ..LuaProto::default()
+        }
+    }
+
+    #[test]
+    fn the_same_code_at_other_addresses_is_one_proto_written_once() {
+        let mut vms = LuaVms::default();
+        let a = vms.new_proto(key(0x1000, 0x2000), Some(proto("@a.lua")));
+        // The next VM's copy of the chunk, elsewhere.
+        let again = vms.new_proto(key(0x5000, 0x6000), Some(proto("@a.lua")));
+        // Other code where the first one was.
+        let b = vms.new_proto(key(0x1000, 0x2000 + 8), Some(proto("@b.lua")));
+        assert_eq!(a, again);
+        assert_ne!(a, b);
+        let records = vms.take_records();
+        assert_eq!(records.len(), 2, "{records:?}");
+    }
+
+    #[test]
+    fn a_late_copy_writes_the_id_frames_named() {
+        let mut vms = LuaVms::default();
+        let k = key(0x1000, 0x2000);
+        let reserved = vms.reserve(k, false);
+        // A copy as BPF sends it: up to its line table's end (none here).
+        let short = [0u8; std::mem::offset_of!(RawLuaProto, lineinfo)];
+        let mut c = RawLuaProto::decode(&short).unwrap();
+        (
+            c.tgid,
+            c.ptr,
+            c.chunkname,
+            c.firstline,
+            c.numline,
+            c.sizebc,
+            c.name_id,
+        ) = (7, 0x1000, 0x2000, 3, 2, 9, 1);
+        c.name[..6].copy_from_slice(b"@a.lua");
+        c.chunkname_len = 6;
+        vms.late_copy(&k, &c);
+        let records = vms.take_records();
+        assert!(
+            matches!(&records[..], [Record::LuaProto(p)] if p.id == reserved && p.chunkname == "@a.lua"),
+            "{records:?}"
+        );
+        // The same code read later gets that id.
+        let mut p = luajit_copy(&c);
+        p.pid = 7;
+        assert_eq!(vms.id_of(p), reserved);
     }
 }
