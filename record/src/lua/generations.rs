@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-/// Keys the newer generation holds before the next one starts (~0.4 MB with the older):
+/// Keys the newer generation holds before the next one starts (~1.6 MB with the older):
 /// far more than a long-lived program's protos that run in a few seconds, so that
 /// such a program keeps one generation.
-pub(super) const KEYS: usize = 4096;
+pub(super) const KEYS: usize = 8192;
 
 /// The least time between two generations: a frame BPF sent in one is read by lrec
 /// before the next but one starts (the ring holds a quarter of a second).
