@@ -31,7 +31,7 @@ struct {
 	__type(value, __u32);
 } lua_proto_gen SEC(".maps");
 
-/* The generation now. */
+/* The generation now: each walker reads it once per sample (w->gen). */
 static __always_inline __u32 lua_proto_gen_now(void)
 {
 	__u32 zero = 0;
@@ -69,14 +69,14 @@ struct {
 	__type(value, struct lrec_lua_proto);
 } lua_proto_buf SEC(".maps");
 
-/* The key of frame f's proto (process tgid). */
-static __always_inline void lua_proto_key_of(struct lua_proto_key *k, __u32 tgid,
+/* The key of frame f's proto (process tgid, generation gen). */
+static __always_inline void lua_proto_key_of(struct lua_proto_key *k, __u32 tgid, __u32 gen,
 					     struct lrec_lua_frame *f)
 {
 	*k = (struct lua_proto_key){
 		.tgid = tgid, .firstline = f->firstline, .ptr = f->ptr,
 		.chunkname = f->chunkname, .numline = f->numline, .sizebc = f->sizebc,
-		.name_id = f->name_id, .gen = lua_proto_gen_now(),
+		.name_id = f->name_id, .gen = gen,
 	};
 }
 
@@ -112,10 +112,10 @@ static __always_inline int lua_proto_seen(struct lua_proto_key *k)
  * receives the proto's key for lua_proto_commit. Both VMs' walkers (here and puc.h) key
  * protos alike. */
 static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_key *k,
-							      __u32 tgid,
+							      __u32 tgid, __u32 gen,
 							      struct lrec_lua_frame *f)
 {
-	lua_proto_key_of(k, tgid, f);
+	lua_proto_key_of(k, tgid, gen, f);
 	if (lua_proto_seen(k))
 		return NULL;
 	__u32 zero = 0;
@@ -185,13 +185,12 @@ static __always_inline struct lua_site_set *lua_site_set(__u64 pc)
 }
 
 /* The remembered call site at PC pc in process tgid, or 0. A site remembered in an
- * earlier generation names a proto lrec may have forgotten: it is not used. */
-static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid)
+ * earlier generation than gen names a proto lrec may have forgotten: it is not used. */
+static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid, __u32 gen)
 {
 	struct lua_site_set *set = lua_site_set(pc);
 	if (!set)
 		return 0;
-	__u32 gen = lua_proto_gen_now();
 	for (int i = 0; i < LUA_SITE_WAYS; i++)
 		if (set->e[i].pc == pc && set->e[i].k.tgid == tgid && set->e[i].k.gen == gen)
 			return &set->e[i];
@@ -201,11 +200,11 @@ static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid)
 /* Remembers the call site at PC pc with a (LuaJIT: the call's A; PUC: Proto.code) in the
  * proto frame f runs, once that proto was sent (lua_protos_seen): first in its set, the
  * others moved down one (the last one out), this PC's old entry dropped. */
-static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid,
+static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid, __u32 gen,
 					  struct lrec_lua_frame *f)
 {
 	struct lua_proto_key k;
-	lua_proto_key_of(&k, tgid, f);
+	lua_proto_key_of(&k, tgid, gen, f);
 	if (!lua_proto_seen(&k))
 		return;
 	struct lua_site_set *set = lua_site_set(pc);

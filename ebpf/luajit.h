@@ -72,6 +72,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->window = b->s.stack_len ? b->s.stack_len : LREC_PAGE_SIZE;
 	w->cpu = cpu;
 	w->tgid = tgid;
+	w->gen = lua_proto_gen_now();
 	w->g = 0;
 	w->n = 0;
 	w->flags = 0;

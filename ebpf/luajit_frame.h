@@ -51,7 +51,7 @@ static __always_inline int lua_parent(struct lua_work *w)
 static __always_inline void lua_note_proto(struct lua_work *w, struct lrec_lua_frame *f)
 {
 	struct lua_proto_key k;
-	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, f);
+	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, w->gen, f);
 	if (!p)
 		return;
 	__u32 len = rd32(f->chunkname + w->cfg.str_len);
@@ -117,7 +117,7 @@ static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua
 	k->firstline = *(__s32 *)&w->pt[o_line];
 	k->numline = *(__u32 *)&w->pt[o_num];
 	k->sizebc = *(__u32 *)&w->pt[o_size];
-	k->gen = lua_proto_gen_now();
+	k->gen = w->gen;
 	/* GCstr: its id (2.1's sid, or its hash in older builds) and the word after it
 	 * (cfg.str_id) identify it; the frames of one chunk share it (read once per sample). */
 	if (k->chunkname != w->last_name) {

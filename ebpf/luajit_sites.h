@@ -18,7 +18,7 @@
  * w->stale. */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
-	struct lua_site *s = lua_site_find(w->pc, w->tgid);
+	struct lua_site *s = lua_site_find(w->pc, w->tgid, w->gen);
 	if (!s)
 		return 0;
 	struct lua_proto_key k;

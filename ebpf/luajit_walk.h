@@ -88,7 +88,7 @@ emitted:
 	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
-		lua_site_fill(w->site_fill, w->last_a, w->tgid, f);
+		lua_site_fill(w->site_fill, w->last_a, w->tgid, w->gen, f);
 	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;

@@ -68,7 +68,7 @@ struct lua_work {
 	__u8 pt[136];       /* the GCproto fields read, from sizebc on, and slack */
 	__u64 nres_of;      /* the C frame whose nres is cached */
 	__s32 nres;
-	__u32 pad;
+	__u32 gen;          /* lua_proto_gen, read once per sample */
 	__u64 last_pt;      /* the proto of the previous Lua frame, already noted */
 	__u64 last_func;    /* the function of the previous frame */
 	__u64 last_bc;      /* its bytecode */

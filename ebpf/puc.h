@@ -115,7 +115,7 @@ static long puc_step(__u64 i, void *unused)
 		} else {
 			below = w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci);
 			if (below)
-				site = lua_site_find(savedpc, w->tgid);
+				site = lua_site_find(savedpc, w->tgid, w->gen);
 			cached = site && puc_site_proved(w, site);
 			if (!cached)
 				pt = rd64(v + c->cl_p);
@@ -169,7 +169,7 @@ static long puc_step(__u64 i, void *unused)
 			puc_note_proto(w, f);
 		code = w->last_code;
 		if (below && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
-			lua_site_fill(savedpc, code, w->tgid, f);
+			lua_site_fill(savedpc, code, w->tgid, w->gen, f);
 	} else {
 		/* The function of the frame above again (recursion). */
 		puc_proto_fields(w, f);
@@ -221,6 +221,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->stack_top = stack_end;
 	w->cpu = cpu;
 	w->tgid = tgid;
+	w->gen = lua_proto_gen_now();
 	w->n = 0;
 	w->flags = 0;
 	w->last_func = 0;

@@ -76,7 +76,7 @@ static __always_inline void puc_note_proto(struct puc_work *w, struct lrec_lua_f
 {
 	struct lrec_puc_config *c = &w->cfg;
 	struct lua_proto_key k;
-	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, f);
+	struct lrec_lua_proto *p = lua_proto_begin(&k, w->tgid, w->gen, f);
 	if (!p)
 		return;
 	__u32 len = 0;

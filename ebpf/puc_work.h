@@ -58,7 +58,7 @@ struct puc_work {
 	__u64 last_func, last_pt, last_code, last_call, last_op;
 	__u64 last_name;     /* the last source string whose identity was read, and it */
 	__u32 last_name_id;
-	__u32 pad_name;
+	__u32 gen;           /* lua_proto_gen, read once per sample */
 	__u64 unnoted;       /* a proto read to prove a site, which it failed: not noted yet */
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
 	__u32 stale;     /* call sites whose proto was no longer the one remembered */

@@ -217,19 +217,14 @@ impl LastLuaStacks {
     /// How many outer frames `stack` shares with the last stack of its thread, which it
     /// then replaces.
     pub(crate) fn share(&mut self, stack: &LuaStack) -> usize {
-        let (pid, last) = self.0.entry(stack.tid).or_default();
-        let shared = match *pid == stack.pid {
-            true => (last.iter().rev())
+        let known = match self.0.get(&stack.tid) {
+            Some((pid, last)) if *pid == stack.pid => (last.iter().rev())
                 .zip(stack.frames.iter().rev())
                 .take_while(|(a, b)| a == b)
                 .count(),
-            false => 0,
+            _ => 0,
         };
-        *pid = stack.pid;
-        // The shared frames are in place: the others replace the last stack's.
-        let (old, new) = (last.len() - shared, stack.frames.len() - shared);
-        last.splice(..old, stack.frames[..new].iter().cloned());
-        shared
+        self.share_known(stack.tid, stack.pid, &stack.frames, known)
     }
 
     /// [`Self::share`] for a stack of thread `tid` of `pid` whose `frames` share `known`
@@ -248,6 +243,7 @@ impl LastLuaStacks {
             false => 0,
         };
         *last_pid = pid;
+        // The shared frames are in place: the others replace the last stack's.
         let (old, new) = (last.len() - shared, frames.len() - shared);
         last.splice(..old, frames[..new].iter().cloned());
         shared
@@ -283,14 +279,9 @@ pub(crate) fn encode_lua_stack(stack: &LuaStack, buf: &mut Vec<u8>) {
     encode_lua_frames(stack, &stack.frames, buf);
 }
 
-/// Appends a `LUA_STACK_SHARED` record body: `stack` without its `shared` outermost
-/// frames, then `shared`.
-pub(crate) fn encode_lua_stack_shared(stack: &LuaStack, shared: usize, buf: &mut Vec<u8>) {
-    encode_lua_parts(stack, &stack.frames, shared, buf);
-}
-
-/// Appends the body of `stack` with `frames` for its frames: a `LUA_STACK_SHARED` one when
-/// `shared` outermost frames are shared, else a `LUA_STACK` one.
+/// Appends the body of `stack` with `frames` for its frames: a `LUA_STACK_SHARED` one
+/// (without its `shared` outermost frames, then `shared`) when frames are shared, else a
+/// `LUA_STACK` one.
 pub(crate) fn encode_lua_parts(
     stack: &LuaStack,
     frames: &[LuaFrame],

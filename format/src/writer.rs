@@ -60,19 +60,12 @@ impl Pending {
         let shared = self
             .lua_last
             .share_known(stack.tid, stack.pid, frames, known);
-        let k = match shared {
-            0 => kind::LUA_STACK,
-            _ => kind::LUA_STACK_SHARED,
-        };
-        let buf = &mut self.buf;
-        let start = buf.len();
-        buf.extend_from_slice(&k.to_le_bytes());
-        buf.extend_from_slice(&[0; 4]);
-        crate::codec::encode_lua_parts(stack, frames, shared, buf);
-        let len = (buf.len() - start - 6) as u32;
-        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
-        self.records += 1;
-        self.kinds |= kind_bit(k);
+        let framed: Result<(), std::convert::Infallible> =
+            self.framed(lua_stack_kind(shared), |buf| {
+                crate::codec::encode_lua_parts(stack, frames, shared, buf);
+                Ok(())
+            });
+        let Ok(()) = framed;
     }
 
     fn push(&mut self, record: &Record) -> Result<(), FormatError> {
@@ -82,27 +75,15 @@ impl Pending {
         };
         let k = match shared {
             0 => record.kind(),
-            _ => kind::LUA_STACK_SHARED,
+            _ => lua_stack_kind(shared),
         };
-        let buf = &mut self.buf;
-        let start = buf.len();
-        buf.extend_from_slice(&k.to_le_bytes());
-        buf.extend_from_slice(&[0; 4]);
-        let encoded = match record {
+        self.framed(k, |buf| match record {
             Record::LuaStack(s) if shared > 0 => {
-                crate::codec::encode_lua_stack_shared(s, shared, buf);
+                crate::codec::encode_lua_parts(s, &s.frames, shared, buf);
                 Ok(())
             }
-            _ => record.encode_payload(buf),
-        };
-        if let Err(e) = encoded {
-            buf.truncate(start);
-            return Err(e.into());
-        }
-        let len = (buf.len() - start - 6) as u32;
-        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
-        self.records += 1;
-        self.kinds |= kind_bit(k);
+            _ => record.encode_payload(buf).map_err(FormatError::from),
+        })?;
         let sample = match record {
             Record::Sample(s) => Some(s),
             Record::OffCpu(o) => Some(&o.sample),
@@ -116,6 +97,28 @@ impl Pending {
                 last_ns: t,
             });
         }
+        Ok(())
+    }
+
+    /// Appends a record of kind `k` whose body `body` writes: its header, its length once
+    /// written (nothing kept when `body` fails), and the chunk's counts.
+    fn framed<E>(
+        &mut self,
+        k: u16,
+        body: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let buf = &mut self.buf;
+        let start = buf.len();
+        buf.extend_from_slice(&k.to_le_bytes());
+        buf.extend_from_slice(&[0; 4]);
+        if let Err(e) = body(buf) {
+            buf.truncate(start);
+            return Err(e);
+        }
+        let len = (buf.len() - start - 6) as u32;
+        buf[start + 2..start + 6].copy_from_slice(&len.to_le_bytes());
+        self.records += 1;
+        self.kinds |= kind_bit(k);
         Ok(())
     }
 
@@ -136,6 +139,14 @@ impl Pending {
             kinds: self.kinds,
             samples: self.samples,
         })
+    }
+}
+
+/// The kind of a Lua stack record that shares `shared` outer frames with its thread's last.
+fn lua_stack_kind(shared: usize) -> u16 {
+    match shared {
+        0 => kind::LUA_STACK,
+        _ => kind::LUA_STACK_SHARED,
     }
 }
 

@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 pub(super) const KEYS: usize = 8192;
 
 /// The least time between two generations: a frame BPF sent in one is read by lrec
-/// before the next but one starts (the ring holds a quarter of a second).
+/// before the next but one starts (the ring holds a fraction of that: Config::ring_mib).
 pub(super) const AT_LEAST: Duration = Duration::from_secs(2);
 
 /// A map whose entries live the generation they were inserted or last used in, and the
@@ -35,20 +35,24 @@ impl<K, V> Default for TwoGen<K, V> {
     }
 }
 
-impl<K: Hash + Eq + Copy, V> TwoGen<K, V> {
-    /// The value of `k`, moved into the newer generation if it was in the older.
-    pub(super) fn get(&mut self, k: &K) -> Option<&V> {
-        if !self.new.contains_key(k) {
-            let v = self.old.remove(k)?;
-            self.new.insert(*k, v);
+impl<K: Hash + Eq + Copy, V: Copy> TwoGen<K, V> {
+    /// The value of `k`, moved into the newer generation if it was in the older: one
+    /// lookup when it is in the newer (every Lua frame converted asks).
+    pub(super) fn get(&mut self, k: &K) -> Option<V> {
+        if let Some(&v) = self.new.get(k) {
+            return Some(v);
         }
-        self.new.get(k)
+        let v = self.old.remove(k)?;
+        self.new.insert(*k, v);
+        Some(v)
     }
 
     pub(super) fn contains(&mut self, k: &K) -> bool {
         self.get(k).is_some()
     }
+}
 
+impl<K: Hash + Eq + Copy, V> TwoGen<K, V> {
     pub(super) fn insert(&mut self, k: K, v: V) {
         self.new.insert(k, v);
     }
@@ -108,10 +112,10 @@ mod tests {
         m.rotate();
         assert_eq!(m.len(), 0);
         // Used in the next generation: kept in it.
-        assert_eq!(m.get(&1), Some(&10));
+        assert_eq!(m.get(&1), Some(10));
         assert_eq!(m.len(), 1);
         m.rotate();
-        assert_eq!(m.get(&1), Some(&10));
+        assert_eq!(m.get(&1), Some(10));
         assert_eq!(m.get(&2), None, "unused for a whole generation: forgotten");
         assert_eq!(m.remove(&1), Some(10));
         assert!(!m.contains(&1));
