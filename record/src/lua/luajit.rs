@@ -138,11 +138,71 @@ pub fn proto_proof(
     } else {
         return None;
     };
-    // The frame's function: the slot below the base (GC64: two slots, a tagged pointer).
-    let func = match l.is_gc64() {
-        true => read_u64(mem, base.checked_sub(16)?)? & ((1 << 47) - 1),
-        false => u64::from(read_u32(mem, base.checked_sub(8)?)?),
-    };
+    proof_from(mem, l, base, pc)
+}
+
+/// [`proto_proof`] from the frame at `base` running at `pc` (when known): its function,
+/// then its callers', read now. By the time lrec reads the process (it polls every 5 ms),
+/// a function of a VM busy loading code (tests/luajit.rs's reload.lua: functions of
+/// ~0.2 ms, each new) has often returned and the look tells nothing (the proof took 24 to
+/// 416 samples in five runs), but its caller (a main loop) most often still runs, its
+/// call's return PC in the frame above it (3 or 4 samples). A few frames down at most.
+fn proof_from(mem: &File, l: &Offsets, base: u64, pc: Option<u64>) -> Option<bool> {
+    let mut frame = base.checked_sub(8)?;
+    let mut pc = pc;
+    for _ in 0..PROOF_FRAMES {
+        let (func, link) = frame_at(mem, l, frame)?;
+        if let Some(decided) = proto_holds(mem, l, func, pc) {
+            return Some(decided);
+        }
+        // The caller: a Lua frame's lies 1 + A slots (and GC64's link slot) below, A the
+        // operand of the call before its return PC (the link); a vararg or C frame's
+        // `delta` bytes below, its PC unknown.
+        if link & 3 == FRAME_LUA {
+            let ret = if l.is_gc64() {
+                link
+            } else {
+                link & 0xffff_ffff
+            };
+            let a = (read_u32(mem, ret.checked_sub(4)?)? >> 8) & 0xff;
+            frame = frame.checked_sub(8 * (1 + u64::from(l.is_gc64()) + u64::from(a)))?;
+            pc = Some(ret);
+        } else if link & !7 != 0 {
+            frame = frame.checked_sub(link & !7)?;
+            pc = None;
+        } else {
+            return None;
+        }
+    }
+    None
+}
+
+/// Frames from the sampled one down that [`proto_proof`] looks at.
+const PROOF_FRAMES: usize = 8;
+
+/// `FRAME_LUA`, the type (low 2 bits) of a frame a Lua function called, its link the
+/// return PC (lj_frame.h).
+const FRAME_LUA: u64 = 0;
+
+/// The function and the link of the frame whose link slot is at `frame` (GC64: the
+/// function a tagged pointer in the slot below; GC32: both in one slot).
+fn frame_at(mem: &File, l: &Offsets, frame: u64) -> Option<(u64, u64)> {
+    if l.is_gc64() {
+        let link = read_u64(mem, frame)?;
+        Some((
+            read_u64(mem, frame.checked_sub(8)?)? & ((1 << 47) - 1),
+            link,
+        ))
+    } else {
+        let slot = read_u64(mem, frame)?;
+        Some((slot & 0xffff_ffff, (slot >> 32) as i32 as i64 as u64))
+    }
+}
+
+/// What function `func` says of the layout (as [`proto_proof`]): when it is a Lua
+/// function, whether its prototype reads as one and holds `pc` when a PC is known
+/// (`None` when it lies elsewhere: another function runs there by now).
+fn proto_holds(mem: &File, l: &Offsets, func: u64, pc: Option<u64>) -> Option<bool> {
     let byte = |addr: u64| -> Option<u8> {
         let mut b = [0u8];
         mem.read_exact_at(&mut b, addr).ok()?;
@@ -153,29 +213,26 @@ pub fn proto_proof(
     }
     let bc = read_ref(mem, l, func + u64::from(l.fn_pc))?;
     let pt = bc.checked_sub(u64::from(l.pt_size))?;
-    let check = || -> Option<bool> {
-        let sizebc = read_u32(mem, pt + u64::from(l.pt_sizebc))?;
-        if byte(pt + l.gct())? != GCT_PROTO || sizebc == 0 || sizebc > MAX_SIZEBC {
-            return Some(false);
-        }
-        // Between instructions (a call's handler has set the callee's BASE and not yet
-        // its PC) the PC tells nothing: only a PC inside proves.
-        if pc.is_some_and(|pc| pc <= bc || pc > bc + 4 * u64::from(sizebc)) {
-            return None;
-        }
-        let name = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
-        let len = read_u32(mem, name + u64::from(l.str_len))? as usize;
-        if byte(name + l.gct())? != GCT_STR || len > MAX_CHUNKNAME {
-            return Some(false);
-        }
-        let mut text = vec![0u8; len + 1];
-        mem.read_exact_at(&mut text, name + u64::from(l.str_data))
-            .ok()?;
-        let numline = read_u32(mem, pt + u64::from(l.pt_numline))?;
-        let firstline = read_u32(mem, pt + u64::from(l.pt_firstline))? as i32;
-        Some(text[len] == 0 && is_name(&text[..len]) && firstline >= 0 && numline < 1 << 24)
-    };
-    check()
+    let sizebc = read_u32(mem, pt + u64::from(l.pt_sizebc))?;
+    if byte(pt + l.gct())? != GCT_PROTO || sizebc == 0 || sizebc > MAX_SIZEBC {
+        return Some(false);
+    }
+    // Between instructions (a call's handler has set the callee's BASE and not yet
+    // its PC) the PC tells nothing: only a PC inside proves.
+    if pc.is_some_and(|pc| pc <= bc || pc > bc + 4 * u64::from(sizebc)) {
+        return None;
+    }
+    let name = read_ref(mem, l, pt + u64::from(l.pt_chunkname))?;
+    let len = read_u32(mem, name + u64::from(l.str_len))? as usize;
+    if byte(name + l.gct())? != GCT_STR || len > MAX_CHUNKNAME {
+        return Some(false);
+    }
+    let mut text = vec![0u8; len + 1];
+    mem.read_exact_at(&mut text, name + u64::from(l.str_data))
+        .ok()?;
+    let numline = read_u32(mem, pt + u64::from(l.pt_numline))?;
+    let firstline = read_u32(mem, pt + u64::from(l.pt_firstline))? as i32;
+    Some(text[len] == 0 && is_name(&text[..len]) && firstline >= 0 && numline < 1 << 24)
 }
 
 /// Whether bytes read as a chunk or function name: UTF-8 without NULs or other control
@@ -354,4 +411,65 @@ pub fn lines(raw: &[u8], firstline: i32, numline: u32, sizebc: u32) -> Vec<u32> 
     }));
     lines.push(first + numline);
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lrec_inspect::lua::luajit::releases::known;
+
+    /// A GC32 VM's memory in a sparse file (addresses are offsets): the sampled frame's
+    /// function returned long ago (another function, whose bytecode does not hold the
+    /// sample's PC, runs at its base now), and its caller, a main loop, still runs.
+    #[test]
+    fn a_returned_function_is_proved_by_its_caller() {
+        let l = known("upstream-gc32").unwrap().offsets;
+        let path = std::env::temp_dir().join(format!("lrec-proof-{}", std::process::id()));
+        let mem = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let put = |addr: u64, bytes: &[u8]| mem.write_all_at(bytes, addr).unwrap();
+        // A Lua function at `func` whose proto (chunk name "@main.lua") has `sizebc`
+        // instructions at `bc`.
+        let function = |func: u64, bc: u64, sizebc: u32| {
+            let pt = bc - u64::from(l.pt_size);
+            put(func + l.gct(), &[GCT_FUNC]);
+            put(func + u64::from(l.fn_ffid), &[0]);
+            put(func + u64::from(l.fn_pc), &(bc as u32).to_le_bytes());
+            put(pt + l.gct(), &[GCT_PROTO]);
+            put(pt + u64::from(l.pt_sizebc), &sizebc.to_le_bytes());
+            put(pt + u64::from(l.pt_firstline), &1u32.to_le_bytes());
+            put(pt + u64::from(l.pt_numline), &10u32.to_le_bytes());
+            let name = pt + 0x800;
+            put(pt + u64::from(l.pt_chunkname), &(name as u32).to_le_bytes());
+            put(name + l.gct(), &[GCT_STR]);
+            put(name + u64::from(l.str_len), &9u32.to_le_bytes());
+            put(name + u64::from(l.str_data), b"@main.lua\0");
+        };
+        let (main, main_bc) = (0x10_000, 0x20_000);
+        let (now, now_bc) = (0x30_000, 0x40_000);
+        function(main, main_bc, 40);
+        function(now, now_bc, 40);
+        // The main loop's frame (base 0x1010), its call at instruction 5 with A = 2: the
+        // callee's frame lies 1 + 2 slots above, its link the return PC.
+        let ret = main_bc + 4 * 6;
+        put(ret - 4, &(2u32 << 8).to_le_bytes());
+        put(0x1008, &(main as u32).to_le_bytes());
+        let base = 0x1010 + 8 * 3;
+        put(base - 8, &(now as u32).to_le_bytes());
+        put(base - 4, &(ret as u32).to_le_bytes());
+        // The sample ran at a PC in neither function's bytecode.
+        let gone = 0x50_000 + 8;
+        assert_eq!(proof_from(&mem, &l, base, Some(gone)), Some(true));
+        // A caller whose proto is no proto contradicts the layout.
+        put(main_bc - u64::from(l.pt_size) + l.gct(), &[0]);
+        assert_eq!(proof_from(&mem, &l, base, Some(gone)), Some(false));
+        // The sampled function's own proto, holding the PC, decides first.
+        assert_eq!(proof_from(&mem, &l, base, Some(now_bc + 8)), Some(true));
+    }
 }
