@@ -49,8 +49,11 @@ fixtures: setup
 	$(MAKE) -C fixtures
 
 ## Unit, snapshot, CLI and end-to-end tests (the e2e tests record with BPF: run as root;
-## tests/dist.rs runs dist/lrec inside an empty root).
-test: build fixtures dist
+## tests/dist.rs runs dist/lrec inside an empty root). The three builds run side by side:
+## on two cores, the stretches where one of them keeps a single core busy (a big crate's
+## last codegen unit, linking, LuaJIT's buildvm) leave the other core to the others.
+test: setup
+	$(MAKE) --no-print-directory -j3 build fixtures dist
 	$(CARGO) test --release --workspace
 
 ## Records a bundled LuaJIT workload for 4 s and writes a C + Lua flamegraph.

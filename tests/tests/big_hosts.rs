@@ -2,7 +2,7 @@
 //! VM is found, nothing else is taken for one. Debian's `tshark` runs a Lua tap
 //! (fixtures/workloads/hosts/tshark.lua; Lua 5.2 from the stripped, shared liblua5.2 among
 //! ~60 libraries, libwireshark's 110 MB among them), and lua-host-shared runs LuaJIT VMs
-//! after loading libwireshark; lrec attaches to each 20 times for 3 s.
+//! after loading libwireshark; lrec attaches to each 20 times for 2 s.
 
 use std::io::Write;
 use std::path::Path;
@@ -12,6 +12,8 @@ use std::time::Duration;
 use lrec_e2e::*;
 
 const RUNS: usize = 20;
+/// Each recording's -d.
+const SECS: u32 = 2;
 
 /// A child process killed when the test ends, passing or not.
 struct Killed(Child);
@@ -61,7 +63,8 @@ fn write_pcap(path: &Path, n: u32) {
     }
 }
 
-/// Attaches `lrec -d 3` to `pid` RUNS times: each capture must hold 2.9–3.3 s of samples
+/// Attaches `lrec -d SECS` to `pid` RUNS times: each capture must hold SECS − 0.1 s to
+/// SECS + 0.3 s of samples
 /// and name exactly the binaries of `vms` as holding a Lua VM (the first validated and
 /// running), and most of
 /// its samples must have Lua frames of `chunk`.
@@ -70,7 +73,7 @@ fn twenty_recordings(what: &str, pid: u32, dir: &Path, vms_wanted: &[&str], chun
     let mut bare_traces = (0u64, 0u64);
     for run in 0..RUNS {
         let cap = dir.join(format!("{run}.lrec"));
-        record_pid(&cap, pid, 499, 3, &[]);
+        record_pid(&cap, pid, 499, SECS, &[]);
         let c = contents(&cap);
         spans.push(c.secs());
         let info = String::from_utf8(lanalyze(&[cap.as_os_str(), "--info".as_ref()])).unwrap();
@@ -105,14 +108,15 @@ fn twenty_recordings(what: &str, pid: u32, dir: &Path, vms_wanted: &[&str], chun
             "{what} run {run}: {with_lua} of {all} samples with Lua frames"
         );
         // No Lua frame misplaced in any run. Compiled code without a Lua frame is rare
-        // (a few samples in 2,900) but comes in bursts on a loaded machine (37 in one
-        // run of a CI): bounded over the twenty runs at 0.5 %, each run at 2 %.
+        // (a few samples in 2,900 of a 3 s run) but comes in bursts on a loaded machine
+        // (37 in one 3 s run of a CI): bounded over the twenty runs at 0.5 %, each run at
+        // 3 % (~60 of the ~2,000 samples of a 2 s run, as 2 % of a 3 s run's were).
         let p = lua_placement(&stacks, chunk, &[]);
         assert_eq!(p.misplaced, 0, "{what} run {run}: {:#?}", p.examples);
         let (bare, of) = traces_without_lua(&stacks, chunk);
         eprintln!("{what} run {run}: {bare} of {of} samples in compiled code without a Lua frame");
         assert!(
-            bare as f64 <= 0.02 * of as f64,
+            bare as f64 <= 0.03 * of as f64,
             "{what} run {run}: {bare} of {of}"
         );
         bare_traces.0 += bare;
@@ -125,8 +129,12 @@ fn twenty_recordings(what: &str, pid: u32, dir: &Path, vms_wanted: &[&str], chun
     let (min, max) = spans
         .iter()
         .fold((f64::MAX, 0f64), |(a, b), &s| (a.min(s), b.max(s)));
-    eprintln!("{what}: {RUNS} recordings of -d 3 held {min:.3}–{max:.3} s of samples");
-    assert!(min >= 2.9 && max <= 3.3, "{what}: spans {spans:?}");
+    eprintln!("{what}: {RUNS} recordings of -d {SECS} held {min:.3}–{max:.3} s of samples");
+    let secs = f64::from(SECS);
+    assert!(
+        min >= secs - 0.1 && max <= secs + 0.3,
+        "{what}: spans {spans:?}"
+    );
 }
 
 #[test]

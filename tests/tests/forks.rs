@@ -123,7 +123,8 @@ fn tarantool_jit_off() {
 /// chains.lua run as `chains.lua` from its own directory, so that its chunk name,
 /// "@chains.lua", is a short string: Lua 5.4 and 5.5 keep strings of up to 40 bytes apart
 /// from longer ones (5.5 gives those a pointer to their text), and the other tests' chunk
-/// names, absolute paths, are long. Then as lua_is_exact: attached after 1 s for 8 s.
+/// names, absolute paths, are long. Then as lua_is_exact: attached after 1 s for EXACT_SECS
+/// at EXACT_HZ.
 fn chains_short_chunkname(what: &str, interpreter: PathBuf) {
     let Some(_guard) = bpf_test(what) else {
         return;
@@ -137,7 +138,7 @@ fn chains_short_chunkname(what: &str, interpreter: PathBuf) {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(1));
-    record_pid(&cap, target.id(), 499, 8, &[]);
+    record_pid(&cap, target.id(), EXACT_HZ, EXACT_SECS, &[]);
     target.kill().unwrap();
     target.wait().unwrap();
 
