@@ -7,6 +7,7 @@ use std::cell::RefCell;
 
 use anyhow::{bail, Result};
 use lrec_format::LuaHeap;
+use lrec_inspect::lua::luajit::GCVMASK;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::luajit_objects::Objects;
@@ -179,7 +180,7 @@ impl<'a> Heap<'a> {
         let (itype, ptr) = match self.o.refsize {
             8 => {
                 let v = self.mem.u64(addr)?;
-                (((v as i64) >> 47) as u32, v & ((1 << 47) - 1))
+                (((v as i64) >> 47) as u32, v & GCVMASK)
             }
             _ => (self.mem.u32(addr + 4)?, self.mem.u32(addr)? as u64),
         };

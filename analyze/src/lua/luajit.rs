@@ -1,6 +1,8 @@
 //! LuaJIT's labels: chunk names as Lua's own short_src, built-in functions by library name,
 //! and the VM states of `G->vmstate` (as `luajit -jp=v` tells them apart).
 
+use lrec_inspect::lua::luajit::{FRAME_CONT, FRAME_LUA};
+
 /// `G->vmstate` holds a trace number (≥ 0) while JIT-compiled code runs, else
 /// `~LJ_VMST_*` (lj_obj.h).
 pub fn state_name(vmstate: i32) -> &'static str {
@@ -33,7 +35,8 @@ pub fn state_frame(vmstate: i32) -> Option<&'static str> {
 /// function's instruction: a Lua frame (its link is the return PC, so only the low 2 bits
 /// are the type) or a continuation frame (a metamethod the VM called).
 pub fn called_by_lua(link: u8) -> bool {
-    link & 3 == 0 || link & 7 == 2
+    let link = u64::from(link);
+    link & 3 == FRAME_LUA || link & 7 == FRAME_CONT
 }
 
 /// The longest chunk label derived from source text, as LUA_IDSIZE bounds short_src.

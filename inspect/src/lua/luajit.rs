@@ -109,6 +109,19 @@ pub struct Layout {
     pub builtins: Builtins,
 }
 
+/// GCHeader.gct of a function, a prototype and a string (`~LJ_TFUNC`, …): the same in
+/// every LuaJIT 2.1 build, as are the constants below (lj_obj.h, lj_frame.h).
+pub const GCT_FUNC: u8 = 8;
+pub const GCT_PROTO: u8 = 7;
+pub const GCT_STR: u8 = 4;
+/// The pointer in a GC64 build's tagged value or frame slot (LJ_GCVMASK).
+pub const GCVMASK: u64 = (1 << 47) - 1;
+/// A frame's type, the low 2 bits of its link: a frame a Lua function's call made has
+/// FRAME_LUA, its link the call's return PC; with the low 3 bits, FRAME_CONT is a frame
+/// (a metamethod) the VM called from a Lua function's instruction.
+pub const FRAME_LUA: u64 = 0;
+pub const FRAME_CONT: u64 = 2;
+
 impl Offsets {
     pub fn is_gc64(&self) -> bool {
         self.gc64 != 0

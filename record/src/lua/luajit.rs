@@ -7,7 +7,9 @@ use std::os::unix::fs::FileExt;
 
 use lrec_format::{LuaProto, Sample};
 
-use lrec_inspect::lua::luajit::{Builtins, Layout, Offsets};
+use lrec_inspect::lua::luajit::{
+    Builtins, Layout, Offsets, FRAME_LUA, GCT_FUNC, GCT_PROTO, GCT_STR, GCVMASK,
+};
 use lrec_inspect::lua::named::ABSENT;
 
 use crate::lua::{read_u32, read_u64, VmCode};
@@ -105,11 +107,6 @@ pub fn validates(mem: &File, l: &Offsets, r14: u64, code: &[VmCode]) -> Option<u
     check().unwrap_or(false).then_some(g)
 }
 
-/// GCHeader.gct of a function, a prototype and a string (`~LJ_TFUNC`, …).
-const GCT_FUNC: u8 = 8;
-const GCT_PROTO: u8 = 7;
-const GCT_STR: u8 = 4;
-
 /// What the Lua frame a sample runs says of a layout's function, prototype and string
 /// fields, in VM `g`: `Some(true)` when its function is a Lua function whose prototype
 /// holds the running PC (in the interpreter) and whose chunk name is a valid string,
@@ -180,19 +177,12 @@ fn proof_from(mem: &File, l: &Offsets, base: u64, pc: Option<u64>) -> Option<boo
 /// Frames from the sampled one down that [`proto_proof`] looks at.
 const PROOF_FRAMES: usize = 8;
 
-/// `FRAME_LUA`, the type (low 2 bits) of a frame a Lua function called, its link the
-/// return PC (lj_frame.h).
-const FRAME_LUA: u64 = 0;
-
 /// The function and the link of the frame whose link slot is at `frame` (GC64: the
 /// function a tagged pointer in the slot below; GC32: both in one slot).
 fn frame_at(mem: &File, l: &Offsets, frame: u64) -> Option<(u64, u64)> {
     if l.is_gc64() {
         let link = read_u64(mem, frame)?;
-        Some((
-            read_u64(mem, frame.checked_sub(8)?)? & ((1 << 47) - 1),
-            link,
-        ))
+        Some((read_u64(mem, frame.checked_sub(8)?)? & GCVMASK, link))
     } else {
         let slot = read_u64(mem, frame)?;
         Some((slot & 0xffff_ffff, (slot >> 32) as i32 as i64 as u64))
