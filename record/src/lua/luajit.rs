@@ -414,15 +414,7 @@ mod tests {
     #[test]
     fn a_returned_function_is_proved_by_its_caller() {
         let l = known("upstream-gc32").unwrap().offsets;
-        let path = std::env::temp_dir().join(format!("lrec-proof-{}", std::process::id()));
-        let mem = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let mem = crate::lua::test_memory("proof");
         let put = |addr: u64, bytes: &[u8]| mem.write_all_at(bytes, addr).unwrap();
         // A Lua function at `func` whose proto (chunk name "@main.lua") has `sizebc`
         // instructions at `bc`.

@@ -655,3 +655,19 @@ pub(crate) fn read_u32(mem: &File, addr: u64) -> Option<u32> {
     mem.read_exact_at(&mut b, addr).ok()?;
     Some(u32::from_le_bytes(b))
 }
+
+/// An empty, unlinked scratch file standing for a process's memory in unit tests (its
+/// offsets are addresses; what a test writes is all there is).
+#[cfg(test)]
+pub(crate) fn test_memory(tag: &str) -> File {
+    let path = std::env::temp_dir().join(format!("lrec-{tag}-{}", std::process::id()));
+    let f = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f
+}

@@ -247,15 +247,7 @@ mod tests {
     fn memory_with_a_proto() -> (File, Layout, RawLuaFrame, Vec<u32>) {
         let l = release(4, 4).unwrap().layout();
         let o = l.offsets;
-        let path = std::env::temp_dir().join(format!("lrec-puc-mem-{}", std::process::id()));
-        let f = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let f = crate::lua::test_memory("puc-mem");
         let put = |at: u64, b: &[u8]| f.write_all_at(b, at).unwrap();
         let (pt, src, code, upv, mid) = (0x1000u64, 0x2000u64, 0x3000u64, 0x4000u64, 0x5000);
         // GETUPVAL 1 0; MOVE 2 0; CALL 1 2 2; ADDI; MMBINI; RETURN1; RETURN0.
