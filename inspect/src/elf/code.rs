@@ -104,6 +104,11 @@ impl<'a> Code<'a> {
         }
     }
 
+    /// Every function's range [start, end) from `.eh_frame`, by start.
+    pub fn functions(&self) -> &[(u64, u64)] {
+        &self.functions
+    }
+
     /// The function holding `addr`.
     pub fn function_holding(&self, addr: u64) -> Option<(u64, u64)> {
         let i = self.functions.partition_point(|&(s, _)| s <= addr);

@@ -457,30 +457,7 @@ mod tests {
     }
     use crate::elf::{binary_record, function_symbol, unwind_record, DebugInfo};
 
-    const LIB: &str = "/usr/lib/x86_64-linux-gnu";
-
-    /// A system file, or None (it is installed by `make setup`; unit tests say so).
-    fn read(path: &str) -> Option<Vec<u8>> {
-        let data = std::fs::read(path).ok();
-        if data.is_none() {
-            eprintln!("{path} is missing (`make setup` installs it): not checked");
-        }
-        data
-    }
-
-    /// Debian's separate debug file of `data`, by build-id.
-    fn debug_file(data: &[u8]) -> Option<Vec<u8>> {
-        let id: String = crate::elf::build_id(data)?
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        std::fs::read(format!(
-            "/usr/lib/debug/.build-id/{}/{}.debug",
-            &id[..2],
-            &id[2..]
-        ))
-        .ok()
-    }
+    use crate::lua::system_files::{debug_file, read, LIB};
 
     #[test]
     fn finds_luajit_by_its_vm_unwind_entry_and_nothing_else() {
