@@ -6,6 +6,7 @@
 #define LREC_LUA_PROTOS_H
 
 #include "common.h"
+#include "lua_frees.h"
 
 /* Protos already copied out: (tgid, address, chunk name, first line, line count, size),
  * in the generation they were copied in (lua_proto_gen). */
@@ -80,6 +81,17 @@ static __always_inline void lua_proto_key_of(struct lua_proto_key *k, __u32 tgid
 	};
 }
 
+/* Frame f's proto fields, from key k (lua_proto_key_of's inverse). */
+static __always_inline void lua_frame_of_key(struct lrec_lua_frame *f, struct lua_proto_key *k)
+{
+	f->ptr = k->ptr;
+	f->chunkname = k->chunkname;
+	f->firstline = k->firstline;
+	f->numline = k->numline;
+	f->sizebc = k->sizebc;
+	f->name_id = k->name_id;
+}
+
 /* Whether keys a and b name the same proto. */
 static __always_inline int lua_proto_key_eq(struct lua_proto_key *a, struct lua_proto_key *b)
 {
@@ -141,11 +153,12 @@ static __always_inline struct lrec_lua_proto *lua_proto_begin(struct lua_proto_k
  * call; PUC 5.2+: a CallInfo's savedpc below the innermost frame), LuaJIT's call A operand
  * (the caller's frame lies 1 + A slots below) or PUC's Proto.code, and the proto the PC
  * lies in (a proto with these fields holds the same code: the identity lua_protos_seen
- * uses). An entry is used only when the sample proves it, by one read of its proto's
- * fields, chunk name's identity included, finding them unchanged: nothing is left for lrec
- * to check after the sample, when the memory may belong to another VM. A proto freed (its
- * VM closed, or collected) and another allocated at its address fails it, and the frame is
- * read in full. (A VM generation counted by uprobes on lua_close, with the frame's
+ * uses). An entry is used only when the sample proves it: by the count of the process's
+ * protos freed (lua_frees.h) unchanged since the entry was made, else by one read of its
+ * proto's fields, chunk name's identity included, finding them unchanged: nothing is left
+ * for lrec to check after the sample, when the memory may belong to another VM. A proto
+ * freed (its VM closed, or collected) and another allocated at its address fails both, and
+ * the frame is read in full. (A VM generation counted by uprobes on lua_close, with the frame's
  * closure, is no proof: a VM that reloads collected code at the same addresses, as
  * tests/jit.rs's flush does, defeats it.) A frame named by an entry
  * goes out marked LREC_FRAME_FROM_SITE. Entries are made only for protos already sent, so
@@ -158,6 +171,7 @@ struct lua_site {
 	__u64 pc;
 	__u64 a;
 	struct lua_proto_key k;
+	__u64 frees; /* the process's protos freed when it was made (lua_frees_now) */
 };
 
 /* The entries of a set, the one filled last first. Four: with two, three sites of a deep
@@ -197,11 +211,28 @@ static __always_inline struct lua_site *lua_site_find(__u64 pc, __u32 tgid, __u3
 	return 0;
 }
 
+/* Whether site s is proved without reading its proto: no proto of the process was freed
+ * since it was made (frees: the count at this sample's start). */
+static __always_inline int lua_site_unfreed(struct lua_site *s, __u64 frees)
+{
+	return frees != LUA_FREES_UNCOUNTED && s->frees == frees;
+}
+
+/* Site s was proved by a read of its proto in this sample: from now on, the count of
+ * frees at its start (frees) proves it until a proto is freed (a site made before the
+ * process's frees were counted, or proved by a read since one was freed, is proved so
+ * too). */
+static __always_inline void lua_site_proved(struct lua_site *s, __u64 frees)
+{
+	s->frees = frees;
+}
+
 /* Remembers the call site at PC pc with a (LuaJIT: the call's A; PUC: Proto.code) in the
  * proto frame f runs, once that proto was sent (lua_protos_seen): first in its set, the
- * others moved down one (the last one out), this PC's old entry dropped. */
+ * others moved down one (the last one out), this PC's old entry dropped. frees: the
+ * process's protos freed at this sample's start (f's proto was read after it). */
 static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid, __u32 gen,
-					  struct lrec_lua_frame *f)
+					  __u64 frees, struct lrec_lua_frame *f)
 {
 	struct lua_proto_key k;
 	lua_proto_key_of(&k, tgid, gen, f);
@@ -221,6 +252,7 @@ static __always_inline void lua_site_fill(__u64 pc, __u64 a, __u32 tgid, __u32 g
 	set->e[0].pc = pc;
 	set->e[0].a = a;
 	set->e[0].k = k;
+	set->e[0].frees = frees;
 }
 
 /* Sends a filled proto record and remembers it (its key k) as copied. */

@@ -73,6 +73,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->cpu = cpu;
 	w->tgid = tgid;
 	w->gen = lua_proto_gen_now();
+	w->frees = lua_frees_now(tgid, LUA_VM_LUAJIT);
 	w->g = 0;
 	w->n = 0;
 	w->flags = 0;

@@ -13,18 +13,21 @@
 #include "luajit_frame.h"
 
 /* Whether lua_sites holds the call at return PC w->pc and its proto is still the one at
- * its address (one read of its fields, shared with the frames of a recursion through it):
- * its A in w->last_a, the caller's proto in w->site_key. A site that fails counts in
- * w->stale. */
+ * its address (no proto freed since, else one read of its fields, shared with the frames
+ * of a recursion through it): its A in w->last_a, the caller's proto in w->site_key. A
+ * site that fails counts in w->stale. */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
 	struct lua_site *s = lua_site_find(w->pc, w->tgid, w->gen);
 	if (!s)
 		return 0;
-	struct lua_proto_key k;
-	if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
-		w->stale++;
-		return 0;
+	struct lua_proto_key k = s->k;
+	if (!lua_site_unfreed(s, w->frees)) {
+		if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
+			w->stale++;
+			return 0;
+		}
+		lua_site_proved(s, w->frees);
 	}
 	w->last_a = s->a;
 	w->site_key = k;
@@ -91,18 +94,13 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	if (!b)
 		return 0;
 	struct lrec_lua_frame *f = (void *)&b->data[w->out & (LREC_DATA_SIZE - 1)];
-	f->ptr = pt;
-	f->chunkname = w->site_key.chunkname;
+	lua_frame_of_key(f, &w->site_key);
 	f->cframe = w->cf;
-	f->firstline = w->site_key.firstline;
-	f->numline = w->site_key.numline;
-	f->sizebc = w->site_key.sizebc;
 	f->pos = (__u32)((w->last_call - bc) / 4) - 1;
 	f->ffid = 0;
 	f->link = link & 7;
 	f->check = LREC_FRAME_FROM_SITE;
 	f->pad = 0;
-	f->name_id = w->site_key.name_id;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
 	w->site_check = 0;

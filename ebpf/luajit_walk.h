@@ -65,12 +65,7 @@ __noinline int lua_emit(struct lua_work *w, __u64 func, __u8 link)
 			w->flags |= LREC_LUA_BROKEN;
 			return LUA_EMIT_FAILED;
 		}
-		f->ptr = pt;
-		f->chunkname = k.chunkname;
-		f->firstline = k.firstline;
-		f->numline = k.numline;
-		f->sizebc = k.sizebc;
-		f->name_id = k.name_id;
+		lua_frame_of_key(f, &k);
 		/* Recursion repeats one proto: note it once. A site's was sent when the site
 		 * was remembered. */
 		if (pt != w->last_pt && !known)
@@ -88,7 +83,7 @@ emitted:
 	if (f->ffid == 0 && lj_pc_in(w->pc, w->last_bc, f->sizebc))
 		f->pos = (__u32)((w->pc - w->last_bc) / 4) - 1;
 	if (w->site_fill && w->site_fill == w->pc && f->pos != ~0U)
-		lua_site_fill(w->site_fill, w->last_a, w->tgid, w->gen, f);
+		lua_site_fill(w->site_fill, w->last_a, w->tgid, w->gen, w->frees, f);
 	w->site_fill = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;

@@ -97,6 +97,7 @@ static long puc_step(__u64 i, void *unused)
 	int lua = tt == c->tag_lcl;
 	struct lua_site *site = 0;
 	int cached = 0, below = 0; /* below: a frame below the innermost (savedpc a site) */
+	int unfreed = 0;           /* the site proved by no proto freed since it was made */
 	if (lua && v != w->last_func) {
 		if (c->version == 501) {
 			__u32 n = c->cl_p + 8;
@@ -116,7 +117,10 @@ static long puc_step(__u64 i, void *unused)
 			below = w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci);
 			if (below)
 				site = lua_site_find(savedpc, w->tgid, w->gen);
-			cached = site && puc_site_proved(w, site);
+			unfreed = site && lua_site_unfreed(site, w->frees);
+			cached = unfreed || (site && puc_site_proved(w, site));
+			if (cached && !unfreed && site)
+				lua_site_proved(site, w->frees);
 			if (!cached)
 				pt = rd64(v + c->cl_p);
 		}
@@ -150,7 +154,14 @@ static long puc_step(__u64 i, void *unused)
 	}
 	f->ffid = 0;
 	__u64 code = w->last_code;
-	if (cached) {
+	if (unfreed && site) {
+		/* The site's proto as remembered, its code at site->a: not in w->pt, which a
+		 * recursion's next frame would take it from (w->last_func). */
+		w->last_func = 0;
+		lua_frame_of_key(f, &site->k);
+		f->check = LREC_FRAME_FROM_SITE;
+		code = site->a;
+	} else if (cached) {
 		/* The site's proto, proved by its read: its fields in w->pt, its code at
 		 * site->a. */
 		w->last_func = v;
@@ -169,7 +180,7 @@ static long puc_step(__u64 i, void *unused)
 			puc_note_proto(w, f);
 		code = w->last_code;
 		if (below && savedpc > code && savedpc - code <= 4ULL * f->sizebc)
-			lua_site_fill(savedpc, code, w->tgid, w->gen, f);
+			lua_site_fill(savedpc, code, w->tgid, w->gen, w->frees, f);
 	} else {
 		/* The function of the frame above again (recursion). */
 		puc_proto_fields(w, f);
@@ -222,6 +233,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->cpu = cpu;
 	w->tgid = tgid;
 	w->gen = lua_proto_gen_now();
+	w->frees = lua_frees_now(tgid, LUA_VM_PUC);
 	w->n = 0;
 	w->flags = 0;
 	w->last_func = 0;

@@ -62,6 +62,7 @@ struct puc_work {
 	__u64 unnoted;       /* a proto read to prove a site, which it failed: not noted yet */
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
 	__u32 stale;     /* call sites whose proto was no longer the one remembered */
+	__u64 frees;     /* the process's protos freed, at the sample's start (lua_frees.h) */
 	/* puc_ascend: the stack word where the search begins, the bottom it must lie above,
 	 * and the resumer found (0: none). */
 	__u64 scan, above, resumer;

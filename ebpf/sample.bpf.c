@@ -84,7 +84,12 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
 	if (st)
 		flush_task_totals(st);
-	if (pid == tgid)
+	if (pid == tgid) {
 		bpf_map_delete_elem(&targets, &tgid);
+		struct lua_frees_key k = {.tgid = tgid, .vm = LUA_VM_LUAJIT};
+		bpf_map_delete_elem(&lua_frees, &k);
+		k.vm = LUA_VM_PUC;
+		bpf_map_delete_elem(&lua_frees, &k);
+	}
 	return 0;
 }

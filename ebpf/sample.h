@@ -213,7 +213,7 @@ struct lrec_lua_frame {
 
 /* lrec_lua_frame.check: the frame's proto fields (ptr to name_id) were taken from a call
  * site remembered in an earlier sample (lua_sites), proved in this one: the proto at ptr,
- * read in this sample, has them. */
+ * read in this sample, has them, or no proto of the process was freed since (lua_frees.h). */
 #define LREC_FRAME_FROM_SITE 1
 
 struct lrec_lua_stack {

@@ -28,6 +28,7 @@ mod binaries;
 pub mod config;
 mod ending;
 mod features;
+mod frees;
 mod heap;
 mod maps;
 mod off_cpu;
@@ -429,6 +430,7 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
     for (pid, cfg) in rec.lua.take_puc_configs() {
         sampler.set_puc_config(pid, &cfg)?;
     }
+    rec.count_proto_frees(sampler)?;
     if let Some(gen) = rec.lua.turn_generation() {
         sampler.set_lua_proto_gen(gen)?;
     }
@@ -466,6 +468,8 @@ struct Recording {
     /// Binaries already looked at for an interpreter, by key.
     vm_checked: HashSet<Vec<u8>>,
     lua: LuaVms,
+    /// The VMs' proto free functions, probed to count each process's freed protos.
+    proto_frees: frees::ProtoFrees,
     /// /proc/kallsyms, read on a thread while recording (it takes ~0.1 s), then kept.
     kallsyms: Kallsyms,
     samples: u64,
@@ -516,6 +520,7 @@ impl Recording {
             vms: HashMap::new(),
             vm_checked: HashSet::new(),
             lua: LuaVms::default(),
+            proto_frees: frees::ProtoFrees::default(),
             kallsyms: Kallsyms::load(),
             samples: 0,
             young: Vec::new(),

@@ -14,6 +14,7 @@ use aya::{Ebpf, EbpfLoader};
 
 use crate::raw::{RawLuaConfig, RawPucConfig};
 
+mod frees;
 mod latency;
 pub use latency::{RawMark, Role, MAX_PROBES as MAX_LATENCY_PROBES, NONE as NO_PROBE};
 use lrec_format::ThreadOffCpuTotals;

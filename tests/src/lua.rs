@@ -428,8 +428,15 @@ pub fn unknown_vm_is_said_once(what: &str, interpreter: &Path, says: &[&str]) {
 /// records it for 3 s and checks that lrec's summary says ≥ 90 % of its Lua frames were
 /// named from call sites remembered in earlier samples (98.8 % measured): the walk's cost
 /// per frame depends on it, and two sites evicting each other from BPF's cache once
-/// left one frame in four to be read at every sample, with every stack still right.
-pub fn deep_frames_are_named_from_sites(what: &str, interpreter: &Path, flags: &[&str]) {
+/// left one frame in four to be read at every sample, with every stack still right. The
+/// summary also says how the sites were proved (`proved`: by counting the protos freed, in
+/// a binary that names its free function, else by reading each site's proto).
+pub fn deep_frames_are_named_from_sites(
+    what: &str,
+    interpreter: &Path,
+    flags: &[&str],
+    proved: &str,
+) {
     let Some(_guard) = bpf_test(what) else {
         return;
     };
@@ -458,6 +465,13 @@ pub fn deep_frames_are_named_from_sites(what: &str, interpreter: &Path, flags: &
         share >= 90.0,
         "{what}: {share} % of Lua frames named from call sites; lrec said:\n{err}"
     );
+    let name = format!("{}: ", interpreter.file_name().unwrap().to_string_lossy());
+    let said = err.lines().any(|l| {
+        l.strip_prefix("lrec: Lua call sites in ")
+            .and_then(|l| l.split_once(&name))
+            .is_some_and(|(dir, how)| dir.ends_with('/') && how.starts_with(proved))
+    });
+    assert!(said, "{what}: no line on {name}{proved}; lrec said:\n{err}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -182,6 +182,18 @@ fn churn_at(what: &str, host_bin: &str, mode: &str, threads: u32, hz: u32) {
         summary.contains("0 dropped as unproved") && !summary.contains("lost their Lua frames"),
         "{what}: {summary}"
     );
+    // And how it proved the sites: by counting the protos freed (every VM closed frees
+    // its own), where the binary's free function is found; Debian's LuaJIT names none.
+    let proved = match host_bin {
+        "churn-luajit-shared" => "by a read of the proto",
+        _ => "by no proto freed since",
+    };
+    assert!(
+        summary
+            .lines()
+            .any(|l| l.starts_with("lrec: Lua call sites in ") && l.contains(proved)),
+        "{what}: sites not proved {proved}: {summary}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -211,6 +223,13 @@ fn churn_luajit_shared() {
 #[test]
 fn churn_lua54_static() {
     churn_is_exact("churn lua5.4 static", "churn-lua5.4", "");
+}
+
+/// Without luaF_freeproto's symbol: found by its code, its uprobe counting every VM's
+/// frees.
+#[test]
+fn churn_lua54_free_unnamed() {
+    churn_is_exact("churn lua5.4 free unnamed", "churn-lua5.4-unnamed", "");
 }
 
 #[test]

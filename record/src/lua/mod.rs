@@ -19,6 +19,7 @@ use std::sync::Arc;
 use lrec_format::{lua_flags, LuaFrame, LuaProto, LuaRuntime, LuaStack, Record, Sample};
 use rustc_hash::FxHashMap;
 
+use lrec_inspect::lua::frees;
 use lrec_inspect::lua::named::ABSENT;
 
 use crate::raw::{
@@ -92,6 +93,9 @@ struct ProcessVm {
     code: Vec<VmCode>,
     detection: Detection,
     mem: Option<File>,
+    /// The process maps this VM from another binary too (its frees are not all counted at
+    /// `path`'s free function).
+    others: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -225,6 +229,7 @@ impl LuaVms {
             };
             ProcessVm::new(pid, path, Vec::new(), detection)
         });
+        p.others |= p.path != path;
         if new && matches!(p.detection, Detection::Failed) {
             let why = match learned {
                 Some(Ok(l)) if l.missing.is_empty() => format!(
@@ -257,6 +262,18 @@ impl LuaVms {
         } else if let Some(layout) = self.layout_of(path) {
             self.ready(pid, layout);
         }
+    }
+
+    /// The processes running a `vm` VM, each with the binary holding it when that is the
+    /// only one of the process's binaries to hold one (else `None`).
+    pub fn vm_binaries(&self, vm: frees::Vm) -> impl Iterator<Item = (u32, Option<&str>)> {
+        let procs = match vm {
+            frees::Vm::LuaJit => &self.luajit,
+            frees::Vm::Puc => &self.puc,
+        };
+        procs
+            .iter()
+            .map(|(&pid, p)| (pid, (!p.others).then_some(p.path.as_str())))
     }
 
     /// Notes that process `pid` maps `path`, a binary whose version string shows a Lua VM
@@ -593,6 +610,7 @@ impl ProcessVm {
             code,
             detection,
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
+            others: false,
         }
     }
 

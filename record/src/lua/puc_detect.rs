@@ -19,8 +19,9 @@ impl LuaVms {
     /// A PUC Lua interpreter: its layout, learned from the binary, is proved on its first
     /// samples (or, when a process running the same binary proved it, used at once).
     pub(super) fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
-        if self.puc.contains_key(&pid) {
+        if let Some(p) = self.puc.get_mut(&pid) {
             // One PUC Lua per process: the first found.
+            p.others |= p.path != path;
             return;
         }
         let proved = self.puc.values().find_map(|p| match &p.detection {

@@ -31,6 +31,9 @@ pub struct Summary {
     /// Lua frames recorded, those BPF named from call sites remembered in earlier samples
     /// (proving each by one read of its proto), and the sites it found stale.
     pub lua_frames: (u64, u64, u64),
+    /// Per binary holding a VM: how its call sites were proved (by counting freed protos,
+    /// or by reading each site's proto).
+    pub lua_site_proofs: Vec<String>,
 }
 
 /// The off-CPU intervals of a recording.
@@ -137,8 +140,8 @@ impl Summary {
             );
         }
         // What the walk cost per frame: a frame named from a call site remembered in an
-        // earlier sample costs the target one read of its memory (its proto, proving the
-        // site), not three. A site that does not prove is read in full: no frame is
+        // earlier sample costs the target no read of its memory when no proto was freed
+        // since (the count of frees proves the site), else one (its proto), not three. A site that does not prove is read in full: no frame is
         // dropped for want of proof.
         if let (frames @ 1.., named, stale) = self.lua_frames {
             eprintln!(
@@ -147,6 +150,9 @@ impl Summary {
                  sites found stale, their frames read in full)",
                 named as f64 * 100.0 / frames as f64
             );
+            for line in &self.lua_site_proofs {
+                eprintln!("lrec: Lua call sites in {line}");
+            }
         }
     }
 }
@@ -321,6 +327,7 @@ impl Recording {
             state_samples: self.state_samples,
             heap_vms: self.heap_vms,
             lua_frames: self.lua.frames_named_from_sites(),
+            lua_site_proofs: self.proto_frees.summary(),
         })
     }
 }

@@ -3,6 +3,7 @@
 
 use lrec_format::Binary;
 use lrec_inspect::elf;
+use lrec_inspect::lua::frees;
 
 use super::Recording;
 use crate::lua::VmCode;
@@ -93,8 +94,11 @@ impl Recording {
                 end: vm.end,
                 cframe_size: vm.cframe_size,
             };
-            let learned = learn(e.data, &vm, debug.as_ref().map(|d| &d.data[..]));
+            let debug = debug.as_ref().map(|d| &d.data[..]);
+            let learned = learn(e.data, &vm, debug);
             self.lua.learned(path, learned);
+            let free = frees::proto_free(e.data, debug, frees::Vm::LuaJit);
+            self.proto_frees.found(path, frees::Vm::LuaJit, free);
         }
         if let (None, Some((binary, e))) = (&luajit, &file) {
             if let Some((minor, patch)) = e.release {
@@ -104,6 +108,15 @@ impl Recording {
                     .and_then(lrec_inspect::debug_files::supplement);
                 let files = debug.as_ref().map(|d| (&d.data[..], sup.as_deref()));
                 let learned = lrec_inspect::lua::puc::learn::learn(e.data, minor, patch, files);
+                let debug = files.map(|f| f.0);
+                let free = match &learned {
+                    Ok(l) => {
+                        let o = &l.layout.offsets;
+                        frees::puc_proto_free(e.data, debug, o.p_code, o.p_lineinfo)
+                    }
+                    Err(_) => frees::proto_free(e.data, debug, frees::Vm::Puc),
+                };
+                self.proto_frees.found(path, frees::Vm::Puc, free);
                 self.lua.learned_puc(path, learned);
             }
         }

@@ -1,0 +1,96 @@
+//! Counting each process's freed Lua protos (ebpf/lua_frees.h): a uprobe on the proto free
+//! function of each binary holding a VM, found from the binary (lrec_inspect::lua::frees),
+//! and each process running that VM counted once its binary's uprobe is attached. A call
+//! site the walkers remembered is then proved by no proto freed since, not by a read of its
+//! proto at every sample.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+
+use anyhow::Result;
+use lrec_inspect::lua::frees::{ProtoFree, Vm};
+
+use super::Recording;
+use crate::sampler::Sampler;
+
+#[derive(Default)]
+pub(super) struct ProtoFrees {
+    /// Free functions found and not probed yet: (binary, VM, file offset).
+    pending: Vec<(String, Vm, u64)>,
+    /// Per binary and VM: where its frees are counted, or why they are not.
+    binaries: HashMap<(String, Vm), Result<String, String>>,
+    probed: HashSet<(String, Vm)>,
+    /// Whether each process's frees are counted now.
+    counted: HashMap<(u32, Vm), bool>,
+}
+
+impl ProtoFrees {
+    /// Notes the proto free function of the `vm` VM in binary `path`, or why it has none
+    /// lrec can count.
+    pub(super) fn found(&mut self, path: &str, vm: Vm, free: Result<ProtoFree, String>) {
+        let key = (path.to_string(), vm);
+        if self.binaries.contains_key(&key) {
+            return;
+        }
+        let said = free.map(|f| {
+            self.pending.push((path.to_string(), vm, f.file_offset));
+            format!(
+                "{} at {:#x}, found by {},",
+                vm.free_function(),
+                f.svma,
+                f.found_by
+            )
+        });
+        self.binaries.insert(key, said);
+    }
+
+    /// One line per binary: how the call sites of its VM's frames were proved.
+    pub(super) fn summary(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .binaries
+            .iter()
+            .map(|((path, _), said)| match said {
+                Ok(at)
+                    if self.probed.contains(&(path.clone(), Vm::LuaJit))
+                        || self.probed.contains(&(path.clone(), Vm::Puc)) =>
+                {
+                    format!("{path}: by no proto freed since (a uprobe on {at} counts them)")
+                }
+                Ok(at) => format!("{path}: by a read of the proto (no uprobe on {at} attached)"),
+                Err(why) => format!("{path}: by a read of the proto ({why})"),
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+}
+
+impl Recording {
+    /// Attaches the uprobes of the free functions found since the last call, then counts
+    /// the frees of each process whose VM lives in a probed binary (and in no other), and
+    /// stops counting a process that maps its VM from a second binary.
+    pub(super) fn count_proto_frees(&mut self, sampler: &mut Sampler) -> Result<()> {
+        let f = &mut self.proto_frees;
+        for (path, vm, offset) in std::mem::take(&mut f.pending) {
+            match sampler.probe_proto_frees(vm, Path::new(&path), offset) {
+                Ok(()) => {
+                    f.probed.insert((path, vm));
+                }
+                Err(e) => {
+                    let why = format!("no uprobe: {:#}", anyhow::Error::from(e));
+                    f.binaries.insert((path, vm), Err(why));
+                }
+            }
+        }
+        for vm in [Vm::LuaJit, Vm::Puc] {
+            for (pid, binary) in self.lua.vm_binaries(vm) {
+                let counted = binary.is_some_and(|b| f.probed.contains(&(b.to_string(), vm)));
+                if f.counted.get(&(pid, vm)) != Some(&counted) {
+                    sampler.count_frees(pid, vm, counted)?;
+                    f.counted.insert((pid, vm), counted);
+                }
+            }
+        }
+        Ok(())
+    }
+}
