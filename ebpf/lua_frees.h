@@ -9,7 +9,8 @@
  * by an earlier process never matches. A site remembers the count read at the start of
  * the sample that filled it; while the count is unchanged, no proto of the process was
  * freed since, so the proto at the site's address is still the one remembered and holds
- * the return PC (a frame's return PC lies in its own, live, proto). A process without an
+ * the return PC (a frame's return PC lies in its own, live, proto). An entry ends when
+ * its process exits or execs (lua_frees_forget). A process without an
  * entry (its VM's free function not found, or not probed) has every site proved by a read
  * of its proto, as before. */
 #ifndef LREC_LUA_FREES_H
@@ -42,6 +43,17 @@ static __always_inline __u64 lua_frees_now(__u32 tgid, __u32 vm)
 	struct lua_frees_key k = {.tgid = tgid, .vm = vm};
 	__u64 *n = bpf_map_lookup_elem(&lua_frees, &k);
 	return n ? *n : LUA_FREES_UNCOUNTED;
+}
+
+/* Process tgid's counts end: it exited, or exec'd (the new program's protos may lie
+ * where the old one's did, none of them freed): its sites are proved by reads until lrec
+ * counts again. */
+static __always_inline void lua_frees_forget(__u32 tgid)
+{
+	struct lua_frees_key k = {.tgid = tgid, .vm = LUA_VM_LUAJIT};
+	bpf_map_delete_elem(&lua_frees, &k);
+	k.vm = LUA_VM_PUC;
+	bpf_map_delete_elem(&lua_frees, &k);
 }
 
 /* A proto is being freed: counted on entry, before its memory can be reused. */

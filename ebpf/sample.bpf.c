@@ -86,10 +86,15 @@ int BPF_PROG(on_exit, struct task_struct *task)
 		flush_task_totals(st);
 	if (pid == tgid) {
 		bpf_map_delete_elem(&targets, &tgid);
-		struct lua_frees_key k = {.tgid = tgid, .vm = LUA_VM_LUAJIT};
-		bpf_map_delete_elem(&lua_frees, &k);
-		k.vm = LUA_VM_PUC;
-		bpf_map_delete_elem(&lua_frees, &k);
+		lua_frees_forget(tgid);
 	}
+	return 0;
+}
+
+/* A process exec'd: its protos' count no longer proves its call sites. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *task)
+{
+	lua_frees_forget(bpf_get_current_pid_tgid() >> 32);
 	return 0;
 }

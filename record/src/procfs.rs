@@ -327,6 +327,15 @@ fn is_mapped_file(file: &File, entry: &MapsEntry) -> bool {
         && libc::minor(dev) == entry.dev_minor
 }
 
+/// Whether `entry`'s path, as lrec sees it, is the file the process maps (not one of that
+/// name in another mount namespace, nor a file replaced since).
+pub fn is_mapped_path(entry: &MapsEntry) -> bool {
+    entry
+        .file_path()
+        .and_then(|p| File::open(p).ok())
+        .is_some_and(|f| is_mapped_file(&f, entry))
+}
+
 /// Opens the file that `entry` of process `pid` maps.
 ///
 /// In order: `/proc/PID/root/PATH` (the path as the process sees it, so that processes in

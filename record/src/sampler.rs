@@ -418,6 +418,8 @@ impl Sampler {
             "lat_return",
             "lat_mark_entry",
             "lat_mark_return",
+            "on_luajit_free",
+            "on_puc_free",
         ]
         .into_iter()
         .filter_map(|name| {
@@ -577,12 +579,14 @@ impl Globals {
 }
 
 /// The tracepoints and task iterators `cfg` needs, loaded (and the tracepoints attached):
-/// the targets' forks and exits always, off-CPU and thread-state bookkeeping if asked.
+/// the targets' forks, exits and execs always, off-CPU and thread-state bookkeeping if asked.
 fn attach_tracing(ebpf: &mut Ebpf, btf: &Btf, cfg: &SamplerConfig) -> Result<(), SamplerError> {
-    // Processes forked by the targets join them (and leave the map when they exit).
+    // Processes forked by the targets join them (and leave the map when they exit); a
+    // process that exits or execs has its protos' frees counted no more.
     let mut tracepoints = vec![
         ("on_fork", "sched_process_fork"),
         ("on_exit", "sched_process_exit"),
+        ("on_exec", "sched_process_exec"),
     ];
     if cfg.off_cpu_min_ns.is_some() {
         tracepoints.push(("on_switch", "sched_switch"));

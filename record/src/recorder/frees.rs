@@ -26,12 +26,31 @@ pub(super) struct ProtoFrees {
 
 impl ProtoFrees {
     /// Notes the proto free function of the `vm` VM in binary `path`, or why it has none
-    /// lrec can count.
-    pub(super) fn found(&mut self, path: &str, vm: Vm, free: Result<ProtoFree, String>) {
+    /// lrec can count; `probe_path`: `path` names the mapped file where lrec attaches.
+    pub(super) fn found(
+        &mut self,
+        path: &str,
+        vm: Vm,
+        probe_path: bool,
+        free: Result<ProtoFree, String>,
+    ) {
         let key = (path.to_string(), vm);
         if self.binaries.contains_key(&key) {
+            // Called once per binary: another file of this path (in another mount
+            // namespace). Which one a uprobe there counts is not known: neither is counted.
+            self.pending.retain(|(p, v, _)| p != path || *v != vm);
+            self.probed.remove(&key);
+            let why = format!("two files are named {path}");
+            self.binaries.insert(key, Err(why));
             return;
         }
+        let free = free.and_then(|f| match probe_path {
+            true => Ok(f),
+            false => Err(format!(
+                "{} found, but {path} is another file where lrec runs (a container's?)",
+                vm.free_function()
+            )),
+        });
         let said = free.map(|f| {
             self.pending.push((path.to_string(), vm, f.file_offset));
             format!(

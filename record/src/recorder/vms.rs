@@ -20,6 +20,10 @@ pub(super) struct Evidence<'a> {
     data: &'a [u8],
     release: Option<(u32, u32)>,
     luajit_api: bool,
+    /// The binary's path names, in lrec's mount namespace, the very file mapped: a uprobe
+    /// attached there counts the process's calls (else another file of that name, in
+    /// another namespace, would be probed).
+    probe_path: bool,
 }
 
 /// The Lua interpreter of a binary, or why the one it holds could not be located, and the
@@ -62,6 +66,7 @@ impl Recording {
                 .or(ident51)
                 .and_then(|s| lrec_inspect::lua::detect::lua_release(&s)),
             luajit_api: api.is_some(),
+            probe_path: procfs::is_mapped_path(entry),
         };
         self.note_vm(
             key,
@@ -98,7 +103,8 @@ impl Recording {
             let learned = learn(e.data, &vm, debug);
             self.lua.learned(path, learned);
             let free = frees::proto_free(e.data, debug, frees::Vm::LuaJit);
-            self.proto_frees.found(path, frees::Vm::LuaJit, free);
+            self.proto_frees
+                .found(path, frees::Vm::LuaJit, e.probe_path, free);
         }
         if let (None, Some((binary, e))) = (&luajit, &file) {
             if let Some((minor, patch)) = e.release {
@@ -116,7 +122,8 @@ impl Recording {
                     }
                     Err(_) => frees::proto_free(e.data, debug, frees::Vm::Puc),
                 };
-                self.proto_frees.found(path, frees::Vm::Puc, free);
+                self.proto_frees
+                    .found(path, frees::Vm::Puc, e.probe_path, free);
                 self.lua.learned_puc(path, learned);
             }
         }
