@@ -69,8 +69,9 @@ const PUC_FREE_MAX: u64 = 1024;
 /// stripped build, by its machine code: the one function that hands its second argument's
 /// code and line table (`Proto.code`, `Proto.lineinfo`, at this build's offsets `p_code`
 /// and `p_lineinfo`) to one function as the block to free (`luaM_free_`, or 5.1's
-/// `luaM_realloc_`), its first argument (the lua_State) passed on with them. The parser
-/// shrinks those vectors too, but through its own state (`fs->f`), not an argument.
+/// `luaM_realloc_`), its first argument (the lua_State) passed on with them, and calls
+/// nothing else. The parser shrinks those vectors too, but through its own state
+/// (`fs->f`), not an argument.
 pub fn puc_proto_free(
     data: &[u8],
     debug: Option<&[u8]>,
@@ -100,25 +101,26 @@ pub fn puc_proto_free(
             budget: 2_000,
         };
         let mut targets: [Vec<u64>; 2] = Default::default();
+        let mut callees = Vec::new();
         for e in x86::evaluate(&code, start, &[], opts) {
-            let x86::Event::Call {
-                target: Some(t),
-                args,
-                ..
-            } = e
-            else {
+            let x86::Event::Call { target, args, .. } = e else {
                 continue;
             };
+            callees.push(target);
             if args.first() != Some(&Expr::Arg(0)) {
                 continue;
             }
             for (i, want) in [&code_of, &lines_of].into_iter().enumerate() {
                 if args.get(1) == Some(want) {
-                    targets[i].push(t);
+                    targets[i].extend(target);
                 }
             }
         }
-        targets[0].iter().any(|t| targets[1].contains(t))
+        // It calls the free function only: a function it was inlined into (the GC's
+        // `freeobj`, under LTO) calls others too, and runs for every object freed.
+        callees.sort_unstable();
+        callees.dedup();
+        targets[0].iter().any(|t| targets[1].contains(t)) && callees.len() == 1
     };
     let found: Vec<u64> = code
         .functions()
