@@ -10,7 +10,8 @@
  * the sample that filled it; while the count is unchanged, no proto of the process was
  * freed since, so the proto at the site's address is still the one remembered and holds
  * the return PC (a frame's return PC lies in its own, live, proto). An entry ends when
- * its process exits or execs (lua_frees_forget). A process without an
+ * its process exits or execs (lua_frees_forget), or when a sample audited finds it wrong
+ * (lua_frees_wrong). A process without an
  * entry (its VM's free function not found, or not probed) has every site proved by a read
  * of its proto, as before. */
 #ifndef LREC_LUA_FREES_H
@@ -54,6 +55,35 @@ static __always_inline void lua_frees_forget(__u32 tgid)
 	bpf_map_delete_elem(&lua_frees, &k);
 	k.vm = LUA_VM_PUC;
 	bpf_map_delete_elem(&lua_frees, &k);
+}
+
+/* Samples whose every site is proved by a read as well, counted or not: 1 in this many. A
+ * read that finds another proto where the count said none was freed shows a free the
+ * uprobe did not see (a second free function, or not the one lrec found): the process's
+ * count ends (its sites proved by reads), and lrec says so. */
+#define LUA_FREES_AUDIT 32
+
+static __always_inline int lua_frees_audit(void)
+{
+	return bpf_get_prandom_u32() % LUA_FREES_AUDIT == 0;
+}
+
+/* Counts found wrong by an audit, per VM (LUA_VM_*), read by lrec. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} lua_frees_missed SEC(".maps");
+
+/* An audit found the count of process tgid wrong: it ends. */
+static __always_inline void lua_frees_wrong(__u32 tgid, __u32 vm)
+{
+	struct lua_frees_key k = {.tgid = tgid, .vm = vm};
+	bpf_map_delete_elem(&lua_frees, &k);
+	__u64 *n = bpf_map_lookup_elem(&lua_frees_missed, &vm);
+	if (n)
+		__sync_fetch_and_add(n, 1);
 }
 
 /* A proto is being freed: counted on entry, before its memory can be reused. */

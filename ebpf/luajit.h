@@ -74,6 +74,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	w->tgid = tgid;
 	w->gen = lua_proto_gen_now();
 	w->frees = lua_frees_now(tgid, LUA_VM_LUAJIT);
+	w->audit = lua_frees_audit();
 	w->g = 0;
 	w->n = 0;
 	w->flags = 0;

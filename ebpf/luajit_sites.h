@@ -13,8 +13,8 @@
 #include "luajit_frame.h"
 
 /* Whether lua_sites holds the call at return PC w->pc and its proto is still the one at
- * its address (no proto freed since, else one read of its fields, shared with the frames
- * of a recursion through it): its A in w->last_a, the caller's proto in w->site_key. A
+ * its address (no proto freed since, else, or in a sample audited, one read of its
+ * fields, shared with the frames of a recursion through it): its A in w->last_a, the caller's proto in w->site_key. A
  * site that fails counts in w->stale. */
 static __always_inline int lj_site_cached(struct lua_work *w)
 {
@@ -22,8 +22,14 @@ static __always_inline int lj_site_cached(struct lua_work *w)
 	if (!s)
 		return 0;
 	struct lua_proto_key k = s->k;
-	if (!lua_site_unfreed(s, w->frees)) {
-		if (lj_proto_key(w, s->k.ptr, &k) || !lua_proto_key_eq(&k, &s->k)) {
+	int unfreed = lua_site_unfreed(s, w->frees);
+	if (!unfreed || w->audit) {
+		int read = !lj_proto_key(w, s->k.ptr, &k);
+		if (!read || !lua_proto_key_eq(&k, &s->k)) {
+			if (unfreed && read) {
+				lua_frees_wrong(w->tgid, LUA_VM_LUAJIT);
+				w->frees = LUA_FREES_UNCOUNTED;
+			}
 			w->stale++;
 			return 0;
 		}

@@ -126,6 +126,8 @@ struct lua_work {
 	__u32 stale;        /* sites whose proto was no longer the one remembered */
 	struct lua_proto_key site_key;
 	__u64 frees;        /* the process's protos freed, at the sample's start (lua_frees.h) */
+	__u32 audit;        /* every site proved by a read too (lua_frees_audit) */
+	__u32 pad_audit;
 	/* The header of lua_State lh_of (0: none), read at once: cfg.lh_size bytes (lj_state). */
 	__u64 lh_of;
 	__u8 lh[136];

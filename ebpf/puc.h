@@ -117,10 +117,16 @@ static long puc_step(__u64 i, void *unused)
 			below = w->ci != PUC_U64(w->ls, PUC_LS, c->l_ci);
 			if (below)
 				site = lua_site_find(savedpc, w->tgid, w->gen);
-			unfreed = site && lua_site_unfreed(site, w->frees);
+			int counted = site && lua_site_unfreed(site, w->frees);
+			unfreed = counted && !w->audit;
 			cached = unfreed || (site && puc_site_proved(w, site));
 			if (cached && !unfreed && site)
 				lua_site_proved(site, w->frees);
+			/* Read, and another proto there, where the count said none was freed. */
+			if (counted && !cached && site && w->last_pt == site->k.ptr) {
+				lua_frees_wrong(w->tgid, LUA_VM_PUC);
+				w->frees = LUA_FREES_UNCOUNTED;
+			}
 			if (!cached)
 				pt = rd64(v + c->cl_p);
 		}
@@ -234,6 +240,7 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	w->tgid = tgid;
 	w->gen = lua_proto_gen_now();
 	w->frees = lua_frees_now(tgid, LUA_VM_PUC);
+	w->audit = lua_frees_audit();
 	w->n = 0;
 	w->flags = 0;
 	w->last_func = 0;

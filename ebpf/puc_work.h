@@ -63,6 +63,8 @@ struct puc_work {
 	__u32 prev_lua;  /* the frame emitted last is a Lua frame of this thread */
 	__u32 stale;     /* call sites whose proto was no longer the one remembered */
 	__u64 frees;     /* the process's protos freed, at the sample's start (lua_frees.h) */
+	__u32 audit;     /* every site proved by a read too (lua_frees_audit) */
+	__u32 pad_audit;
 	/* puc_ascend: the stack word where the search begins, the bottom it must lie above,
 	 * and the resumer found (0: none). */
 	__u64 scan, above, resumer;

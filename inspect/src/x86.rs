@@ -75,10 +75,12 @@ pub enum Event {
         at: u64,
         value: Expr,
     },
-    /// An indirect jump (a dispatch through a table, a computed goto).
+    /// An indirect jump (a dispatch through a table, a computed goto, a tail call through
+    /// a pointer, which passes `args`: the argument registers there).
     Jump {
         at: u64,
         target: Expr,
+        args: Vec<Expr>,
     },
 }
 
@@ -323,7 +325,8 @@ impl Run<'_, '_> {
             FlowControl::IndirectBranch => {
                 let target = self.operand(ins, 0, s);
                 let cases = self.switch_targets(&target, start, end);
-                self.events.push(Event::Jump { at, target });
+                let args = ARGS.iter().map(|&r| s.get(r)).collect();
+                self.events.push(Event::Jump { at, target, args });
                 return if cases.is_empty() {
                     Flow::Stop
                 } else {

@@ -161,3 +161,60 @@ fn debian_lua_code_agrees_with_its_debug_file() {
         assert!(diff.is_empty(), "{lib}: {diff:?}");
     }
 }
+
+/// Where each VM frees its protos, found by its machine code as in a stripped build, is
+/// where the fixtures' symbols say (lrec_inspect::lua::frees): the LuaJIT builds and
+/// forks, and the PUC builds with symbols; the stripped twins give the same. The stripped
+/// builds without a twin (no JIT, 2.1.0-beta3, a host) hold exactly one such function.
+/// (texluajit's older free first tells the JIT, two calls: not found, its sites are
+/// proved by reads.)
+#[test]
+fn proto_free_functions_found_by_their_code_are_the_named_ones() {
+    use lrec_inspect::elf::function_symbols;
+    use lrec_inspect::lua::frees::{luajit_free_by_code, puc_free_by_code};
+    for name in ["luajit-nojit", "luajit-beta3", "lua-host"] {
+        if let Some(data) = fixture(name) {
+            luajit_free_by_code(&data).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+    for (name, stripped) in [
+        ("luajit-gc64", None),
+        ("luajit-gc32", None),
+        ("luajit-gc64-static", None),
+        ("luajit-fork-gc64", Some("luajit-fork-gc64-stripped")),
+        ("luajit-fork-gc32", Some("luajit-fork-gc32-stripped")),
+        ("churn-luajit", None),
+    ] {
+        let Some(data) = fixture(name) else { continue };
+        let named = function_symbols(&data, "lj_func_freeproto").unwrap();
+        let found = luajit_free_by_code(&data).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(named.first().map(|s| s.0), Some(found), "{name}");
+        if let Some(data) = stripped.and_then(fixture) {
+            assert_eq!(luajit_free_by_code(&data), Ok(found), "{name} stripped");
+        }
+    }
+    for (name, stripped) in [
+        ("lua5.5", None),
+        ("churn-lua5.4", None),
+        ("lua5.4-fork", Some("lua5.4-fork-stripped")),
+        ("lua5.5-fork", Some("lua5.5-fork-stripped")),
+    ] {
+        let Some(data) = fixture(name) else { continue };
+        let release = lrec_inspect::lua::detect::lua_release(&data).unwrap();
+        let o = puc::learn::learn(&data, release.0, release.1, None)
+            .unwrap()
+            .layout
+            .offsets;
+        let named = function_symbols(&data, "luaF_freeproto").unwrap();
+        let found = puc_free_by_code(&data, o.p_code, o.p_lineinfo)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(named.first().map(|s| s.0), Some(found), "{name}");
+        if let Some(data) = stripped.and_then(fixture) {
+            assert_eq!(
+                puc_free_by_code(&data, o.p_code, o.p_lineinfo),
+                Ok(found),
+                "{name} stripped"
+            );
+        }
+    }
+}

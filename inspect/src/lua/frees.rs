@@ -61,6 +61,87 @@ fn at(data: &[u8], svma: u64, found_by: &'static str) -> Result<ProtoFree, Strin
     })
 }
 
+/// The start of the one function of `code` that `is` holds for, or how many it holds for
+/// (`what` they do).
+fn the_one(code: &elf::Code, is: impl Fn(&(u64, u64)) -> bool, what: &str) -> Result<u64, String> {
+    let found: Vec<u64> = code
+        .functions()
+        .iter()
+        .filter(|f| is(f))
+        .map(|&(start, _)| start)
+        .collect();
+    match found[..] {
+        [svma] => Ok(svma),
+        _ => Err(format!("{} functions (not one) {what}", found.len())),
+    }
+}
+
+/// Longest function looked at for LuaJIT's `lj_func_freeproto` (~20-40 bytes).
+const LUAJIT_FREE_MAX: u64 = 96;
+
+/// LuaJIT's `lj_func_freeproto` in `data`: by its symbol ([`proto_free`]), else, in a
+/// stripped build, by its machine code. It is `lj_mem_free(g, pt, pt->sizept)`: one call
+/// (mostly a tail call) through the allocator pointer in its first argument (`g->allocf`,
+/// `g->allocd` first) that frees its second argument (`pt`, as is) to size 0 from a size
+/// read, as is, from that argument. The other objects' free functions compute their size
+/// (strings, functions, userdata), free a fixed size (upvalues) or free more than once
+/// (tables, states).
+pub fn luajit_proto_free(data: &[u8], debug: Option<&[u8]>) -> Result<ProtoFree, String> {
+    let by_symbol = match proto_free(data, debug, Vm::LuaJit) {
+        Ok(f) => return Ok(f),
+        Err(e) => e,
+    };
+    let svma = luajit_free_by_code(data).map_err(|e| format!("{by_symbol}, and {e}"))?;
+    at(data, svma, "its code")
+}
+
+/// [`luajit_proto_free`]'s search of the machine code.
+pub fn luajit_free_by_code(data: &[u8]) -> Result<u64, String> {
+    let code = elf::Code::new(data)?;
+    let of_g = |e: &Expr| match e {
+        Expr::Load(a, 8) => {
+            matches!(&**a, Expr::Arg(0))
+                || matches!(&**a, Expr::Offset(b, _) if **b == Expr::Arg(0))
+        }
+        _ => false,
+    };
+    let size_of_pt = |e: &Expr| match e {
+        Expr::Load(a, 4 | 8) => matches!(&**a, Expr::Offset(b, _) if **b == Expr::Arg(1)),
+        _ => false,
+    };
+    let frees_pt = |&(start, end): &(u64, u64)| {
+        if end - start > LUAJIT_FREE_MAX {
+            return false;
+        }
+        let opts = x86::Options {
+            inline_depth: 0,
+            budget: 200,
+        };
+        let mut calls = x86::evaluate(&code, start, &[], opts)
+            .into_iter()
+            .filter_map(|e| match e {
+                x86::Event::Call { target, args, .. } => Some((target.is_none(), args)),
+                x86::Event::Jump { target, args, .. } => Some((of_g(&target), args)),
+                _ => None,
+            });
+        match (calls.next(), calls.next()) {
+            (Some((true, args)), None) => {
+                args.len() >= 4
+                    && of_g(&args[0])
+                    && args[1] == Expr::Arg(1)
+                    && size_of_pt(&args[2])
+                    && args[3] == Expr::Const(0)
+            }
+            _ => false,
+        }
+    };
+    the_one(
+        &code,
+        frees_pt,
+        "free an object as LuaJIT's proto free does",
+    )
+}
+
 /// Longest function looked at for PUC Lua's `luaF_freeproto` (~100-250 bytes as built by
 /// gcc and clang, 5.1 to 5.5).
 const PUC_FREE_MAX: u64 = 1024;
@@ -82,6 +163,13 @@ pub fn puc_proto_free(
         Ok(f) => return Ok(f),
         Err(e) => e,
     };
+    let svma =
+        puc_free_by_code(data, p_code, p_lineinfo).map_err(|e| format!("{by_symbol}, and {e}"))?;
+    at(data, svma, "its code")
+}
+
+/// [`puc_proto_free`]'s search of the machine code.
+pub fn puc_free_by_code(data: &[u8], p_code: u32, p_lineinfo: u32) -> Result<u64, String> {
     let code = elf::Code::new(data)?;
     let freed = |offset: u32| Expr::load(Expr::Arg(1).offset(i64::from(offset)), 8);
     let (code_of, lines_of) = (freed(p_code), freed(p_lineinfo));
@@ -122,22 +210,7 @@ pub fn puc_proto_free(
         callees.dedup();
         targets[0].iter().any(|t| targets[1].contains(t)) && callees.len() == 1
     };
-    let found: Vec<u64> = code
-        .functions()
-        .iter()
-        .filter(|f| frees_both(f))
-        .map(|&(start, _)| start)
-        .collect();
-    match found[..] {
-        [svma] => at(data, svma, "its code"),
-        [] => Err(format!(
-            "{by_symbol}, and no function frees a proto's code and line table"
-        )),
-        _ => Err(format!(
-            "{by_symbol}, and {} functions free a proto's code and line table",
-            found.len()
-        )),
-    }
+    the_one(&code, frees_both, "free a proto's code and line table")
 }
 
 #[cfg(test)]
@@ -200,9 +273,9 @@ mod tests {
     }
 
     /// Debian's PUC Lua libraries are stripped: luaF_freeproto is found by its code, where
-    /// their debug files name it (5.2 has none); LuaJIT's is not found (no symbol).
+    /// their debug files name it (5.2 has none).
     #[test]
-    fn a_stripped_puc_lua_frees_its_protos_where_its_debug_file_says() {
+    fn stripped_vms_free_their_protos_where_their_debug_files_say() {
         use crate::lua::detect::lua_release;
         use crate::lua::system_files::{debug_file, read, LIB};
         for lib in [
@@ -232,8 +305,13 @@ mod tests {
             }
             eprintln!("{lib}: luaF_freeproto at {:#x}", found.svma);
         }
+        // Debian's LuaJIT is stripped too, and has no debug file: found by its code, as
+        // in every fixture build (inspect/tests/layouts.rs checks those against symbols).
         if let Some(data) = read(&format!("{LIB}/libluajit-5.1.so.2")) {
             assert!(proto_free(&data, None, Vm::LuaJit).is_err());
+            let found = luajit_proto_free(&data, None).unwrap();
+            assert_eq!(found.found_by, "its code");
+            eprintln!("libluajit-5.1.so.2: lj_func_freeproto at {:#x}", found.svma);
         }
     }
 }

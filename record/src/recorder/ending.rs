@@ -151,7 +151,7 @@ impl Summary {
                 named as f64 * 100.0 / frames as f64
             );
             for line in &self.lua_site_proofs {
-                eprintln!("lrec: Lua call sites in {line}");
+                eprintln!("lrec: Lua call sites {line}");
             }
         }
     }

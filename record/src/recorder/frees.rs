@@ -22,6 +22,8 @@ pub(super) struct ProtoFrees {
     probed: HashSet<(String, Vm)>,
     /// Whether each process's frees are counted now.
     counted: HashMap<(u32, Vm), bool>,
+    /// Counts BPF's audits found wrong, per VM (`Vm as usize`).
+    wrong: [u64; 2],
 }
 
 impl ProtoFrees {
@@ -68,18 +70,26 @@ impl ProtoFrees {
         let mut lines: Vec<String> = self
             .binaries
             .iter()
-            .map(|((path, _), said)| match said {
-                Ok(at)
-                    if self.probed.contains(&(path.clone(), Vm::LuaJit))
-                        || self.probed.contains(&(path.clone(), Vm::Puc)) =>
-                {
-                    format!("{path}: by no proto freed since (a uprobe on {at} counts them)")
+            .map(|((path, vm), said)| match said {
+                Ok(at) if self.probed.contains(&(path.clone(), *vm)) => {
+                    format!("in {path}: by no proto freed since (a uprobe on {at} counts them)")
                 }
-                Ok(at) => format!("{path}: by a read of the proto (no uprobe on {at} attached)"),
-                Err(why) => format!("{path}: by a read of the proto ({why})"),
+                Ok(at) => format!("in {path}: by a read of the proto (no uprobe on {at} attached)"),
+                Err(why) => format!("in {path}: by a read of the proto ({why})"),
             })
             .collect();
         lines.sort();
+        for (vm, name) in [(Vm::LuaJit, "LuaJIT"), (Vm::Puc, "PUC Lua")] {
+            let n = self.wrong[vm as usize];
+            if n > 0 {
+                lines.push(format!(
+                    "of {name}: the count of freed protos was found wrong by {n} audit{} (a \
+                     proto replaced where none was counted freed): those processes' sites were \
+                     proved by reads from then on",
+                    if n == 1 { "" } else { "s" }
+                ));
+            }
+        }
         lines
     }
 }
@@ -101,6 +111,7 @@ impl Recording {
                 }
             }
         }
+        f.wrong = sampler.proto_frees_wrong();
         for vm in [Vm::LuaJit, Vm::Puc] {
             for (pid, binary) in self.lua.vm_binaries(vm) {
                 let counted = binary.is_some_and(|b| f.probed.contains(&(b.to_string(), vm)));

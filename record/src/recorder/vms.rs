@@ -102,7 +102,7 @@ impl Recording {
             let debug = debug.as_ref().map(|d| &d.data[..]);
             let learned = learn(e.data, &vm, debug);
             self.lua.learned(path, learned);
-            let free = frees::proto_free(e.data, debug, frees::Vm::LuaJit);
+            let free = frees::luajit_proto_free(e.data, debug);
             self.proto_frees
                 .found(path, frees::Vm::LuaJit, e.probe_path, free);
         }

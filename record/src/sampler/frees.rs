@@ -49,6 +49,19 @@ impl Sampler {
         Ok(())
     }
 
+    /// How many times BPF's audits found a process's count wrong, per VM (`Vm as usize`;
+    /// ebpf/lua_frees.h, lua_frees_wrong).
+    pub fn proto_frees_wrong(&self) -> [u64; 2] {
+        let name = "lua_frees_missed";
+        let Some(map) = self.ebpf.map(name) else {
+            return [0; 2];
+        };
+        let Ok(map) = aya::maps::Array::<_, u64>::try_from(map) else {
+            return [0; 2];
+        };
+        [0, 1].map(|i| map.get(&i, 0).unwrap_or(0))
+    }
+
     /// Starts (`counted`: the uprobe of the binary holding its VM is attached) or stops
     /// counting process `pid`'s freed protos. A count starts at the time now (ns), beyond
     /// any count of a process before it with this pid, whose remembered call sites so never
