@@ -430,7 +430,7 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
     for (pid, cfg) in rec.lua.take_puc_configs() {
         sampler.set_puc_config(pid, &cfg)?;
     }
-    rec.count_proto_frees(sampler)?;
+    rec.count_proto_frees(sampler);
     if let Some(gen) = rec.lua.turn_generation() {
         sampler.set_lua_proto_gen(gen)?;
     }

@@ -7,7 +7,6 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use anyhow::Result;
 use lrec_inspect::lua::frees::{ProtoFree, Vm};
 
 use super::Recording;
@@ -98,7 +97,7 @@ impl Recording {
     /// Attaches the uprobes of the free functions found since the last call, then counts
     /// the frees of each process whose VM lives in a probed binary (and in no other), and
     /// stops counting a process that maps its VM from a second binary.
-    pub(super) fn count_proto_frees(&mut self, sampler: &mut Sampler) -> Result<()> {
+    pub(super) fn count_proto_frees(&mut self, sampler: &mut Sampler) {
         let f = &mut self.proto_frees;
         for (path, vm, offset) in std::mem::take(&mut f.pending) {
             match sampler.probe_proto_frees(vm, Path::new(&path), offset) {
@@ -116,11 +115,12 @@ impl Recording {
             for (pid, binary) in self.lua.vm_binaries(vm) {
                 let counted = binary.is_some_and(|b| f.probed.contains(&(b.to_string(), vm)));
                 if f.counted.get(&(pid, vm)) != Some(&counted) {
-                    sampler.count_frees(pid, vm, counted)?;
-                    f.counted.insert((pid, vm), counted);
+                    // A map that cannot take the entry (8192 processes counted) leaves the
+                    // process uncounted, tried again at the next wake-up.
+                    let done = sampler.count_frees(pid, vm, counted).is_ok();
+                    f.counted.insert((pid, vm), counted && done);
                 }
             }
         }
-        Ok(())
     }
 }
