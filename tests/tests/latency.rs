@@ -111,17 +111,24 @@ fn c_function_latencies_match_the_truth_per_thread() {
         for q in ["p50_us", "p99_us"] {
             let want: f64 = t[q].parse().unwrap();
             let what = format!("{function} {q} thread {tid}");
-            if function == "recurse" && q == "p50_us" {
-                // Each outermost call nests calls of 1, 2, 3 and 4 ms, equally many: the
-                // median falls between the 2 ms and the 3 ms calls, where one call the
-                // loaded machine stretched (a 2 ms call taking 2.4 ms) moves it by up to a
-                // millisecond, in the workload's own timing or in lrec's. Between the two
-                // groups is right; so is agreeing with the workload's own median when the
-                // load moved that out of the band (CI once read 4014 µs against its 4010).
+            // Medians that fall between two groups of equally many calls: recurse nests
+            // calls of 1, 2, 3 and 4 ms (between the 2 and 3 ms ones), slow_op alternates
+            // 1 and 10 ms. There one call the loaded machine stretched (a 2 ms call taking
+            // 2.4 ms) moves the median far, in the workload's own timing or in lrec's,
+            // whose histogram buckets span the gap (CI once read slow_op's as 1458 µs
+            // against the workload's 1807). Between the two groups is right; so is
+            // agreeing with the workload's own median when the load moved that out of the
+            // band (CI once read recurse's as 4014 µs against its 4010).
+            let gap = match (function, q) {
+                ("recurse", "p50_us") => Some(1800.0..=3300.0),
+                ("slow_op", "p50_us") => Some(900.0..=10500.0),
+                _ => None,
+            };
+            if let Some(gap) = gap {
                 let got = num(row, q);
-                eprintln!("{what}: {got:.1} vs truth {want:.1} (between 1.8 and 3.3 ms)");
+                eprintln!("{what}: {got:.1} vs truth {want:.1} (in {gap:?} µs)");
                 let agrees = (got - want).abs() <= 0.10 * want;
-                assert!(agrees || (1800.0..=3300.0).contains(&got), "{what}: {got}");
+                assert!(agrees || gap.contains(&got), "{what}: {got}");
                 continue;
             }
             within(num(row, q), want, 0.10, &what);
