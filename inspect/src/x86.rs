@@ -137,6 +137,11 @@ impl State {
     fn get(&self, r: Register) -> Expr {
         gpr(r).map_or(Expr::Unknown, |i| self.regs[i].clone())
     }
+
+    /// The argument registers' values: what a call (or a tail jump) here passes.
+    fn args(&self) -> Vec<Expr> {
+        ARGS.iter().map(|&r| self.get(r)).collect()
+    }
 }
 
 /// The index (0–15) of the 64-bit register holding `r`.
@@ -325,7 +330,7 @@ impl Run<'_, '_> {
             FlowControl::IndirectBranch => {
                 let target = self.operand(ins, 0, s);
                 let cases = self.switch_targets(&target, start, end);
-                let args = ARGS.iter().map(|&r| s.get(r)).collect();
+                let args = s.args();
                 self.events.push(Event::Jump { at, target, args });
                 return if cases.is_empty() {
                     Flow::Stop
@@ -353,7 +358,7 @@ impl Run<'_, '_> {
     /// change. Returns what it returned.
     fn call(&mut self, ins: &Instruction, s: &mut State, target: Option<u64>, depth: u32) -> Expr {
         let at = ins.ip();
-        let args: Vec<Expr> = ARGS.iter().map(|&r| s.get(r)).collect();
+        let args = s.args();
         self.events.push(Event::Call {
             at,
             target,
