@@ -185,8 +185,12 @@ def measure(label, command, args, tmp):
         target.wait()
         idle.kill()
         idle.wait()
-    # lrec's floor interrupts the target as often as lrec does.
-    per_s["lrec-floor"] = per_s["lrec"]
+    # lrec's floor ticks as often as perf's does: an idle process's tick costs the target
+    # the interrupt and one check, well within a period, so no tick is skipped. (Not as
+    # often as lrec's own: when an interrupt and the walk outlast the period, the timer
+    # skips the ticks it missed, and lrec's rate falls; at 40 kHz, 25 us, it does at 200
+    # frames. Dividing the floor's extra time by lrec's lower rate overstated the floor.)
+    per_s["lrec-floor"] = per_s["floor"]
     # Per mode: the target's extra CPU time per line over bare, times lines per second,
     # over samples per second: the CPU time one sample costs the target (us).
     c0 = statistics.median(cpl["bare"])
@@ -204,6 +208,7 @@ def measure(label, command, args, tmp):
         f"{cost['lrec'] / cost['perf'] if cost['perf'] > 0 else nan:6.2f} "
         f"{statistics.median(bpf) if bpf else nan:6.2f} "
         f"{statistics.median(per_s['lrec']):7.0f} {statistics.median(per_s['perf']):7.0f} "
+        f"{statistics.median(per_s['floor']):7.0f} "
         f"{statistics.median(own['lrec']):6.2f} {statistics.median(own['perf']):6.2f}",
         flush=True,
     )
@@ -227,11 +232,12 @@ def main():
         "p-floor: perf record without call graphs; l-floor: lrec recording an idle process "
         "(its interrupt and the sampler's first check);\nabove: over each one's floor; "
         "ratio: lrec's above over perf's; total: lrec over perf dwarf, floors included; "
-        "own: the profiler's own CPU"
+        "own: the profiler's own CPU; floor/s: perf's floor's ticks per second, lrec's floor's too"
     )
     print(
         f"{'target':<20} {'p-floor':>6} {'perf':>6} {'above':>6} {'l-floor':>6} {'lrec':>6} "
         f"{'above':>6} {'ratio':>6} {'total':>6} {'BPF':>6} {'lrec/s':>7} {'perf/s':>7} "
+        f"{'floor/s':>7} "
         f"{'lown':>6} {'pown':>6}"
     )
     try:
