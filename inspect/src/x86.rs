@@ -10,27 +10,23 @@
 //! calls into the same file can be evaluated in place ([`Options::inline_depth`]), with
 //! the caller's values as arguments.
 
+mod decode;
 pub mod expr;
+mod state;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use iced_x86::{
-    Code as Opcode, Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory,
-    Mnemonic, OpAccess, OpKind, Register,
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
+    OpKind, Register,
 };
 
 use crate::elf::Code;
+use decode::operand_size;
+pub use decode::{decode, immediate};
 pub use expr::{Expr, Op};
+use state::{gpr, State};
 
-/// Argument registers of the System V ABI, in order.
-const ARGS: [Register; 6] = [
-    Register::RDI,
-    Register::RSI,
-    Register::RDX,
-    Register::RCX,
-    Register::R8,
-    Register::R9,
-];
 /// Registers a call may change (System V: all but rbx, rbp, rsp, r12–r15).
 const CALLER_SAVED: [Register; 9] = [
     Register::RAX,
@@ -100,54 +96,6 @@ impl Default for Options {
             budget: 20_000,
         }
     }
-}
-
-/// The values of the registers and of the stack slots written so far.
-#[derive(Clone, PartialEq)]
-struct State {
-    regs: [Expr; 16],
-    /// Entry-sp-relative offset → (value, size).
-    stack: BTreeMap<i64, (Expr, u8)>,
-    /// Stores to other memory, for loads of the very same address.
-    mem: Vec<(Expr, Expr, u8)>,
-}
-
-impl State {
-    fn entry(args: &[Expr]) -> State {
-        let mut regs: [Expr; 16] = std::array::from_fn(|_| Expr::Unknown);
-        for (i, r) in ARGS.iter().enumerate() {
-            regs[gpr(*r).unwrap()] = args.get(i).cloned().unwrap_or(Expr::Arg(i as u8));
-        }
-        regs[gpr(Register::RSP).unwrap()] = Expr::Sp(0);
-        State {
-            regs,
-            stack: BTreeMap::new(),
-            mem: Vec::new(),
-        }
-    }
-
-    fn merge(&mut self, other: &State) {
-        for (a, b) in self.regs.iter_mut().zip(&other.regs) {
-            *a = Expr::merge(a, b);
-        }
-        self.stack.retain(|k, v| other.stack.get(k) == Some(v));
-        self.mem.retain(|m| other.mem.contains(m));
-    }
-
-    fn get(&self, r: Register) -> Expr {
-        gpr(r).map_or(Expr::Unknown, |i| self.regs[i].clone())
-    }
-
-    /// The argument registers' values: what a call (or a tail jump) here passes.
-    fn args(&self) -> Vec<Expr> {
-        ARGS.iter().map(|&r| self.get(r)).collect()
-    }
-}
-
-/// The index (0–15) of the 64-bit register holding `r`.
-fn gpr(r: Register) -> Option<usize> {
-    let full = r.full_register();
-    (full.is_gpr64()).then(|| full.number())
 }
 
 /// Evaluates the function at `start` (its end from `code`), with `args` for its first
@@ -669,49 +617,4 @@ fn merge_into(pending: &mut HashMap<u64, State>, at: u64, s: &State) {
             pending.insert(at, s.clone());
         }
     }
-}
-
-/// Bytes of operand `i` (a register's or the memory access's size).
-fn operand_size(ins: &Instruction, i: u32) -> u8 {
-    match ins.op_kind(i) {
-        OpKind::Register => ins.op_register(i).size() as u8,
-        OpKind::Memory => ins.memory_size().size() as u8,
-        _ => {
-            // An immediate takes the other operand's size.
-            if i > 0 {
-                operand_size(ins, 0)
-            } else {
-                8
-            }
-        }
-    }
-}
-
-/// The value of immediate operand `op`, sign-extended from its own width.
-pub fn immediate(ins: &Instruction, op: u32) -> Option<i64> {
-    let v = ins.immediate(op);
-    Some(match ins.op_kind(op) {
-        OpKind::Immediate8 => v as u8 as i8 as i64,
-        OpKind::Immediate16 | OpKind::Immediate8to16 => v as u16 as i16 as i64,
-        OpKind::Immediate32 | OpKind::Immediate8to32 => v as u32 as i32 as i64,
-        OpKind::Immediate64 | OpKind::Immediate8to64 | OpKind::Immediate32to64 => v as i64,
-        _ => return None,
-    })
-}
-
-/// Decodes [start, end) of `code` into instructions.
-pub fn decode(code: &Code, start: u64, end: u64) -> Vec<Instruction> {
-    let Some(bytes) = code.bytes(start, end) else {
-        return Vec::new();
-    };
-    let mut decoder = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE);
-    let mut out = Vec::with_capacity(bytes.len() / 4);
-    while decoder.can_decode() {
-        let ins = decoder.decode();
-        if ins.code() == Opcode::INVALID {
-            break;
-        }
-        out.push(ins);
-    }
-    out
 }
