@@ -62,16 +62,17 @@ static long puc_step(__u64 i, void *unused)
 		w->flags |= LREC_LUA_TRUNCATED;
 		return 1;
 	}
-	/* The CallInfo's fields are read where the window holds it, else from a copy of it
-	 * alone (copying all of it out of the window cost a tenth of a frame's step). */
+	/* The CallInfo's fields are read where the window holds it (copying it out first
+	 * cost 15 % of a 200-frame walk), else from a read of it alone. */
 	int off = window_at(&w->ciw, w->ci, c->ci_size & (PUC_CI - 1),
 			    c->version == 501 ? w->base_ci : 0);
-	__u8 *cib = w->cib;
-	if (off >= 0 && !(off & 7))
-		cib = &w->ciw.buf[off & (WINDOW - 8)];
-	else if (bpf_probe_read_user(w->cib, c->ci_size & (PUC_CI - 1), (void *)w->ci)) {
-		w->flags |= LREC_LUA_BROKEN;
-		return 1;
+	__u8 *cib = window_piece(&w->ciw, off);
+	if (!cib) {
+		cib = w->cib;
+		if (bpf_probe_read_user(cib, c->ci_size & (PUC_CI - 1), (void *)w->ci)) {
+			w->flags |= LREC_LUA_BROKEN;
+			return 1;
+		}
 	}
 	__u64 func = PUC_U64(cib, PUC_CI, c->ci_func);
 	__u64 savedpc = PUC_U64(cib, PUC_CI, c->ci_savedpc);

@@ -73,14 +73,23 @@ fail:
 	return -1;
 }
 
-/* Copies the 8-byte aligned piece at offset off of win->buf (from window_at) to dst, in
- * words: `words` of them (constant). 0 when off is not aligned (the caller reads the piece
+/* The 8-byte aligned piece at offset off of win->buf (from window_at), where it lies in the
+ * window; NULL when off is not aligned or the window failed (the caller reads the piece
  * alone). */
-static __always_inline int window_copy(struct window *win, int off, __u64 *dst, int words)
+static __always_inline __u8 *window_piece(struct window *win, int off)
 {
 	if (off < 0 || (off & 7))
+		return NULL;
+	return &win->buf[off & (WINDOW - 8)];
+}
+
+/* Copies the piece at offset off of win->buf (window_piece) to dst, in words: `words` of
+ * them (constant). 0 when it cannot (the caller reads the piece alone). */
+static __always_inline int window_copy(struct window *win, int off, __u64 *dst, int words)
+{
+	__u64 *src = (__u64 *)window_piece(win, off);
+	if (!src)
 		return 0;
-	__u64 *src = (__u64 *)&win->buf[off & (WINDOW - 8)];
 	for (int i = 0; i < words; i++)
 		dst[i] = src[i];
 	return 1;
