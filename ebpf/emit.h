@@ -106,8 +106,11 @@ static __always_inline void emit(struct sample_buf *b, struct pt_regs *r, __u32 
 	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >= wakeup_bytes
 			      ? BPF_RB_FORCE_WAKEUP
 			      : BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_output(&samples, b, size, flags))
+	long err = bpf_ringbuf_output(&samples, b, size, flags);
+	if (err)
 		count_lost();
+	/* A LuaJIT walk's memo is used once lrec has the frames it names. */
+	lj_memo_commit(!err);
 }
 
 /* The scratch record of this CPU with its header begun for the current thread. */

@@ -25,11 +25,13 @@ static __always_inline __u32 lua_stack_end(struct sample_buf *b, struct lua_work
 	h->l = l0;
 	h->cframe = cf0;
 	h->vmstate = vmstate;
-	h->nframes = w->n;
+	/* Frames taken from the memo are named, not sent (lj_memo_header). */
+	__u32 sent = w->n - lj_memo_header(w, h);
+	h->nframes = sent;
 	h->flags = w->flags;
 	h->stale = w->stale;
 	h->pad = 0;
-	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+	return sizeof(struct lrec_lua_stack) + sent * sizeof(struct lrec_lua_frame);
 }
 
 /* The frames of coroutine w->suspended, which yielded from a C function (lua_yield):
@@ -52,6 +54,10 @@ static __noinline __u32 lua_suspended_stack(struct sample_buf *b, struct lua_wor
 	lua_start(w, l, stack, base, 0);
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	w->jit_start = 0;
+	w->memo_note = 0;
+	w->memo_try = 0;
+	w->memo_used = 0;
+	w->memo_made = 0;
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	return lua_stack_end(b, w, offset, l, 0, (__s32)lj_g(w, w->g, w->cfg.g_vmstate));
 }
@@ -137,10 +143,12 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	}
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	w->jit_start = trace;
+	lj_memo_start(w);
 	if (trace)
 		/* The functions inlined into the trace; the walk goes on from its start frame. */
 		lua_trace(w, r->ip, vmstate);
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
+	lj_memo_end(w);
 	return lua_stack_end(b, w, offset, l0, cf0, vmstate);
 }
 

@@ -11,6 +11,7 @@
 
 #include "luajit_work.h"
 #include "luajit_frame.h"
+#include "luajit_memo.h"
 
 /* Whether lua_sites holds the call at return PC w->pc and its proto is still the one at
  * its address (no proto freed since, else, or in a sample audited, one read of its
@@ -109,6 +110,7 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	f->pad = 0;
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
+	lj_memo_note(w, func, link, 1);
 	w->site_check = 0;
 	w->site_fill = 0;
 	w->last_func = func;
@@ -116,6 +118,7 @@ static __always_inline int lj_site_step(struct lua_work *w)
 	w->last_bc = bc;
 	w->pc = lj_caller_pc(w, link, 0);
 	lj_to_caller(w);
+	lj_memo_next(w);
 	return 1;
 }
 

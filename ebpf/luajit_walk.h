@@ -117,6 +117,12 @@ static long lua_step(__u64 i, void *unused)
 		return 1;
 	}
 	struct lrec_lua_config *c = &w->cfg;
+	/* Frames the last full walk emitted, taken where unchanged (luajit_memo.h). */
+	if (w->memo_try && lj_memo_match(w)) {
+		lj_memo_run(w);
+		lj_memo_take(w);
+		return 0;
+	}
 	if (w->site_check && lj_site_step(w))
 		return 0;
 	if (w->site_check) {
@@ -182,6 +188,7 @@ static long lua_step(__u64 i, void *unused)
 	}
 	if (emitted == LUA_EMIT_FAILED)
 		return 1;
+	lj_memo_note(w, func, link, emitted == LUA_EMIT_PC && !start && f == func);
 
 	if (type != LJ_FRAME_LUA && !delta)
 		return 1;
@@ -202,6 +209,7 @@ static long lua_step(__u64 i, void *unused)
 	w->pc = lj_caller_pc(w, link, cont);
 	if (type == LJ_FRAME_LUA) {
 		lj_to_caller(w);
+		lj_memo_next(w);
 		return 0;
 	}
 	if (c_entry) {

@@ -288,6 +288,12 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	h->flags = w->flags | LREC_LUA_PUC;
 	h->stale = w->stale;
 	h->pad = 0;
+	h->memo_seq = 0;
+	h->memo_at = 0;
+	h->memo_from = 0;
+	h->memo_len = 0;
+	h->memo = LREC_MEMO_NONE;
+	h->memo_pad = 0;
 	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
 }
 

@@ -227,8 +227,23 @@ struct lrec_lua_stack {
 	 * longer the one remembered (freed, another at its address): read in full. */
 	__u32 stale;
 	__u32 pad;
+	/* A LuaJIT walk and its CPU's memo of frames (ebpf/luajit_memo.h): LREC_MEMO_TAKEN,
+	 * memo_len frames of memo memo_seq, from its frame memo_from, stand at index memo_at
+	 * of the walk, before the frames that follow them here (nframes counts those sent);
+	 * LREC_MEMO_MADE, this walk's frames memo_at.. (memo_len of them) are memo memo_seq's,
+	 * which later walks on this CPU may take from. */
+	__u64 memo_seq;
+	__u16 memo_at;
+	__u16 memo_from;
+	__u16 memo_len;
+	__u8 memo;
+	__u8 memo_pad;
 	/* nframes struct lrec_lua_frame follow */
 };
+
+#define LREC_MEMO_NONE 0
+#define LREC_MEMO_MADE 1
+#define LREC_MEMO_TAKEN 2
 
 /* ---- PUC Lua 5.1–5.5 ------------------------------------------------------------- */
 /* PUC frames use struct lrec_lua_frame too: ptr is the closure's Proto (C

@@ -142,6 +142,14 @@ pub struct RawLuaStack {
     /// longer the one remembered (read in full).
     pub stale: u32,
     pub pad: u32,
+    /// The walk's run of frames from its CPU's memo, or the memo it made
+    /// (`lua::memo`, ebpf/luajit_memo.h).
+    pub memo_seq: u64,
+    pub memo_at: u16,
+    pub memo_from: u16,
+    pub memo_len: u16,
+    pub memo: u8,
+    pub memo_pad: u8,
 }
 
 /// `struct lrec_lua_frame`.
@@ -356,7 +364,9 @@ mod tests {
         assert_eq!(size_of::<RawThreadState>(), 72);
         assert_eq!(offset_of!(RawThreadState, syscall_ns), 32);
         assert_eq!(offset_of!(RawThreadState, kstack_len), 64);
-        assert_eq!(size_of::<RawLuaStack>(), 40);
+        assert_eq!(size_of::<RawLuaStack>(), 56);
+        assert_eq!(offset_of!(RawLuaStack, memo_seq), 40);
+        assert_eq!(offset_of!(RawLuaStack, memo), 54);
         assert_eq!(size_of::<RawLuaFrame>(), 48);
         assert_eq!(offset_of!(RawLuaFrame, firstline), 24);
         assert_eq!(offset_of!(RawLuaFrame, pos), 36);

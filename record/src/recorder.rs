@@ -564,8 +564,10 @@ impl Recording {
             off_cpu,
         } = RawSample::decode(bytes)?;
         if self.deadline_ns.is_some_and(|d| sample.time_ns > d) && off_cpu.is_none() {
-            // Taken after `-d` ran out, while lrec was still busy: not part of the recording.
+            // Taken after `-d` ran out, while lrec was still busy: not part of the recording
+            // (a memo its walk made is kept: an off-CPU stack may name it).
             self.late += 1;
+            self.lua.keep_memo(&sample, walk);
             return Ok(());
         }
         if self.warming_up {

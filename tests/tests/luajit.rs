@@ -58,8 +58,8 @@ fn deep_frames_are_named_from_call_sites_jit_on_and_off() {
     let gc64 = fixture_bin("luajit-gc64");
     // The fixture keeps its symbols: lj_func_freeproto is named, and counted.
     let counted = "by no proto freed since (a uprobe on lj_func_freeproto at 0x";
-    deep_frames_are_named_from_sites("gc64 deep jit on", &gc64, flags(false), counted);
-    deep_frames_are_named_from_sites("gc64 deep jit off", &gc64, flags(true), counted);
+    deep_frames_are_named_from_sites("gc64 deep jit on", &gc64, flags(false), counted, true);
+    deep_frames_are_named_from_sites("gc64 deep jit off", &gc64, flags(true), counted, true);
 }
 
 #[test]

@@ -137,6 +137,7 @@ macro_rules! proto_key {
 
 mod detect;
 mod generations;
+mod memo;
 mod protos;
 mod puc_detect;
 mod reuse;
@@ -175,6 +176,8 @@ pub struct LuaVms {
     /// Lua frames BPF walked, those it named from remembered call sites, and the sites
     /// whose proto was no longer the one remembered (read in full).
     frames: (u64, u64, u64),
+    /// Each CPU's memo of its last full LuaJIT walk.
+    memos: memo::Memos,
     next_proto: u32,
     /// BPF configurations to install: (pid, config).
     configs: Vec<(u32, RawLuaConfig)>,
@@ -483,6 +486,19 @@ impl LuaVms {
         self.frames
     }
 
+    /// Keeps the memo a walk not otherwise looked at made (a sample taken too late).
+    pub fn keep_memo(&mut self, sample: &Sample, walk: Option<LuaWalk>) {
+        if let Some(walk) = walk {
+            self.memos.resolve(sample.cpu, walk);
+        }
+    }
+
+    /// Lua frames taken unchanged from their CPU's last full walk, and walks cut where the
+    /// memo they named was not received.
+    pub fn frames_from_memos(&self) -> (u64, u64) {
+        (self.memos.taken, self.memos.missing)
+    }
+
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record (its frames: [`Self::frames_of`]).
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<Converted> {
@@ -494,7 +510,9 @@ impl LuaVms {
         if self.puc.get(&sample.pid).is_some_and(puc_pending) {
             self.vote_puc(sample);
         }
-        let walk = walk?;
+        // A run of frames taken from the CPU's memo is put in place first, and a memo made
+        // kept, whatever becomes of the walk.
+        let walk = self.memos.resolve(sample.cpu, walk?);
         let by_puc = u32::from(walk.header.flags) & lua_flags::PUC != 0;
         let p = match by_puc {
             true => self.puc.get(&sample.pid)?,

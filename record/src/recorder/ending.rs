@@ -31,6 +31,9 @@ pub struct Summary {
     /// Lua frames recorded, those BPF named from call sites remembered in earlier samples
     /// (proving each by one read of its proto), and the sites it found stale.
     pub lua_frames: (u64, u64, u64),
+    /// Lua frames taken unchanged from their CPU's last full LuaJIT walk, and walks cut
+    /// where the memo they named was not received.
+    pub lua_memo: (u64, u64),
     /// Per binary holding a VM: how its call sites were proved (by counting freed protos,
     /// or by reading each site's proto).
     pub lua_site_proofs: Vec<String>,
@@ -150,6 +153,15 @@ impl Summary {
                  sites found stale, their frames read in full)",
                 named as f64 * 100.0 / frames as f64
             );
+            let (taken, missing) = self.lua_memo;
+            if taken > 0 || missing > 0 {
+                eprintln!(
+                    "lrec: Lua frames taken unchanged from their CPU's last full walk (its \
+                     frames' words compared in the sample): {taken}, {:.1} %; {missing} walks \
+                     cut where the walk they named was not received",
+                    taken as f64 * 100.0 / frames as f64
+                );
+            }
             for line in &self.lua_site_proofs {
                 eprintln!("lrec: Lua call sites {line}");
             }
@@ -327,6 +339,7 @@ impl Recording {
             state_samples: self.state_samples,
             heap_vms: self.heap_vms,
             lua_frames: self.lua.frames_named_from_sites(),
+            lua_memo: self.lua.frames_from_memos(),
             lua_site_proofs: self.proto_frees.summary(),
         })
     }

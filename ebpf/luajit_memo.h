@@ -1,0 +1,334 @@
+/* LuaJIT: the frames of this CPU's last full walk, taken again below the point where the
+ * stack did not change. A deep stack's callers wait while the callee runs: from one sample
+ * to the next only the innermost frames move, and the walk would prove the same few hundred
+ * frames from their call sites again (a bpf_loop step, a site lookup and a record each).
+ * Instead the walk, once it reaches a slot where the last full walk emitted a frame at the
+ * same PC and C frame, compares the words it would read there (each frame's function and
+ * link) with the ones that walk read, and names the run of frames that match (that walk
+ * sent their records, and lrec puts them in place: record/src/lua/memo.rs), going on from
+ * the caller of the last one.
+ *
+ * Why a match proves the frames: the memo is used only in the process, generation and count
+ * of freed protos (lua_frees.h) it was made in. No proto freed since, every proto it named
+ * is alive with the same bytecode; a frame taken from it is a Lua function's whose PC lay in
+ * its proto's bytecode (named by the PC: the function running at a PC is the one whose
+ * bytecode holds it, and live protos' bytecode does not overlap), its PC is the return PC in
+ * its callee's link (compared), and its caller lies below it by that call's A operand (in
+ * the same unchanged bytecode). A frame that was not so, or whose words differ, ends the run
+ * and the walk goes on as usual (as it does below LJ_MEMO_STACK bytes of the run's slots);
+ * nothing is read after the sample. */
+#ifndef LREC_LUAJIT_MEMO_H
+#define LREC_LUAJIT_MEMO_H
+
+#include "luajit_work.h"
+#include "luajit_read.h"
+
+/* Frames remembered, the innermost first: a deeper stack's are walked below them. */
+#define LJ_MEMO_FRAMES 256
+/* Frames walked before the memo is given up for this sample: it matches within the first
+ * few (the innermost frames, which moved, lie above). */
+#define LJ_MEMO_TRIES 16
+/* Frames of the memo passed over in one step of the walk, looking for its slot. */
+#define LJ_MEMO_SKIP 8
+/* The most of the stack a run spans (its frames' slots, read at once). */
+#define LJ_MEMO_STACK 16384
+
+/* One frame of the walk remembered: where it was, what the walk read there, and its proto
+ * (lrec has the record the walk sent). */
+struct lj_memo_frame {
+	__u64 pos;  /* its slot (w->frame) */
+	__u64 pc;   /* the PC it ran at */
+	__u64 func; /* its slot's words as lj_frame read them */
+	__u64 link;
+	__u64 cf;   /* the C frame running it */
+	__u64 next; /* its caller's slot when the caller was located by the call's A, else 0 */
+	__u64 ok;   /* LJ_MEMO_OK, LJ_MEMO_CHAINED */
+	__u64 pt;   /* its record's proto (ptr) */
+};
+
+/* lj_memo_frame.ok: a Lua function's frame whose PC lay in its bytecode (not a trace's) */
+#define LJ_MEMO_OK 1
+/* ... and the caller of the frame noted before it: located by its A (that frame's next is
+ * its slot), at the return PC in that frame's link, run by the same C frame. */
+#define LJ_MEMO_CHAINED 2
+
+/* lrec holds the records: the walk that made a memo sent them (LREC_MEMO_MADE, its
+ * sequence number seq), and a walk that takes a run names it (LREC_MEMO_TAKEN). */
+struct lj_memo {
+	__u32 tgid, gen;
+	__u64 l, stack, frees, seq;
+	__u32 n, pad;
+	struct lj_memo_frame fr[LJ_MEMO_FRAMES];
+	/* The stack the run's words are compared in, read at once (lj_memo_run). */
+	__u8 stk[LJ_MEMO_STACK + 16];
+};
+
+/* Two per CPU: the one in use (lua_work.memo_active) and the one the current walk fills,
+ * in use once lrec has its records (lj_memo_commit). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2); /* set to twice the number of CPUs by lrec */
+	__type(key, __u32);
+	__type(value, struct lj_memo);
+} lj_memos SEC(".maps");
+
+static __always_inline struct lj_memo *lj_memo_get(struct lua_work *w, __u32 which)
+{
+	__u32 k = w->cpu * 2 + (which & 1);
+	return bpf_map_lookup_elem(&lj_memos, &k);
+}
+
+/* At the start of a walk of state w->l: whether the memo in use was made in this process,
+ * generation, state and count of freed protos (an audited sample reads every frame); the
+ * walk remembers its frames in the other one while the count is known. */
+static __always_inline void lj_memo_start(struct lua_work *w)
+{
+	w->memo_n = 0;
+	w->memo_noted = ~0U;
+	w->memo_used = 0;
+	w->memo_made = 0;
+	w->memo_note = w->frees != LUA_FREES_UNCOUNTED;
+	w->memo_try = 0;
+	w->memo_c = 0;
+	w->memo_l = w->l;
+	w->memo_stack = w->stack;
+	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	if (m && w->memo_note && !w->audit && m->n && m->tgid == w->tgid && m->gen == w->gen &&
+	    m->l == w->l && m->stack == w->stack && m->frees == w->frees)
+		w->memo_try = 1;
+}
+
+/* Remembers the frame the step just emitted (the record before w->out, the walk's frame
+ * w->n - 1), at slot w->frame with words func and link, run at w->pc; ok as
+ * lj_memo_frame.ok. The frames noted are the walk's from memo_first on, one after another. */
+__noinline int lj_memo_note(struct lua_work *w, __u64 func, __u64 link, int ok)
+{
+	if (!w || !w->memo_note || w->l != w->memo_l)
+		return 0;
+	__u32 i = w->memo_n;
+	if (!i)
+		w->memo_first = w->n - 1;
+	if (i >= LJ_MEMO_FRAMES || w->memo_first + i != w->n - 1) {
+		w->memo_note = 0;
+		return 0;
+	}
+	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (!m || !b)
+		return 0;
+	struct lj_memo_frame *e = &m->fr[i & (LJ_MEMO_FRAMES - 1)];
+	struct lrec_lua_frame *f =
+		(void *)&b->data[(w->out - sizeof(struct lrec_lua_frame)) & (LREC_DATA_SIZE - 1)];
+	e->pos = w->frame;
+	e->pc = w->pc;
+	e->func = func;
+	e->link = link;
+	e->cf = w->cf;
+	e->next = 0;
+	e->ok = ok ? LJ_MEMO_OK : 0;
+	e->pt = f->ptr;
+	if (ok && i) {
+		struct lj_memo_frame *up = &m->fr[(i - 1) & (LJ_MEMO_FRAMES - 1)];
+		__u64 ret = w->cfg.gc64 ? up->link : (__u32)up->link;
+		if ((up->ok & LJ_MEMO_OK) && up->next == w->frame && ret == w->pc && up->cf == w->cf)
+			e->ok |= LJ_MEMO_CHAINED;
+	}
+	w->memo_n = i + 1;
+	w->memo_noted = w->n;
+	return 0;
+}
+
+/* The frame noted last was left through its Lua link for the caller at w->frame. */
+static __always_inline void lj_memo_next(struct lua_work *w)
+{
+	if (!w->memo_note || w->memo_noted != w->n || !w->memo_n)
+		return;
+	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
+	if (m)
+		m->fr[(w->memo_n - 1) & (LJ_MEMO_FRAMES - 1)].next = w->frame;
+}
+
+/* Whether the frame at w->frame, about to be walked, is one the memo in use holds at the
+ * same PC and C frame and left through its Lua link: lj_memo_run takes the run from it. A global function: the verifier checks it once, not in each
+ * path of the step. */
+__noinline int lj_memo_match(struct lua_work *w)
+{
+	if (!w || w->jit_start)
+		return 0;
+	if (w->n >= LJ_MEMO_TRIES || w->l != w->memo_l) {
+		w->memo_try = 0;
+		return 0;
+	}
+	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	if (!m)
+		return 0;
+	/* The slots go down the stack with the frames: memo_c follows the walk down them, a
+	 * few a step (a binary search's branches cost the verifier each path). */
+	__u32 n = m->n < LJ_MEMO_FRAMES ? m->n : LJ_MEMO_FRAMES;
+	__u32 c = w->memo_c;
+	for (int i = 0; i < LJ_MEMO_SKIP; i++) {
+		if (c >= n || m->fr[c & (LJ_MEMO_FRAMES - 1)].pos <= w->frame)
+			break;
+		c++;
+	}
+	w->memo_c = c;
+	if (c >= n) {
+		w->memo_try = 0;
+		return 0;
+	}
+	struct lj_memo_frame *e = &m->fr[c & (LJ_MEMO_FRAMES - 1)];
+	if (e->pos != w->frame || e->pc != w->pc || e->cf != w->cf || !e->ok || !e->next)
+		return 0;
+	w->memo_run = 0;
+	w->memo_try = 0;
+	return 1;
+}
+
+/* Takes the run of w->memo_run remembered frames from w->memo_c (lj_memo_run): they stand
+ * at the walk's frame w->n, named by the memo's sequence number and not sent (lrec has
+ * their records), and the walk moves to the caller of the last one as the step that left
+ * that frame would have (the caller then read in full: no call site is taken on). A
+ * global function: the verifier checks it once, not after each way out of lj_memo_run's
+ * loop. */
+__noinline int lj_memo_take(struct lua_work *w)
+{
+	if (!w)
+		return 0;
+	__u32 run = w->memo_run;
+	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	if (!run || !m)
+		return 0;
+	/* The lowest frame taken must not lie below the stack top a C frame that ended
+	 * there saved (the step's C frame loop would move to the previous C frame). */
+	__u32 last = (w->memo_c + run - 1) & (LJ_MEMO_FRAMES - 1);
+	struct lj_memo_frame *e = &m->fr[last];
+	if (w->nres_of != w->cf) {
+		w->nres_of = w->cf;
+		w->nres = (__s32)rd32(w->cf + w->cfg.cf_nres);
+	}
+	if (w->nres < 0 && e->pos < w->stack + (__u64)(-(__s64)w->nres))
+		return 0;
+	w->memo_used = 1;
+	w->memo_at = w->n;
+	w->memo_seq = m->seq;
+	w->n += run;
+	w->frame = e->next;
+	w->pc = w->cfg.gc64 ? e->link : (__u32)e->link;
+	/* The record before w->out is not the last frame's: lua_emit must not copy it for a
+	 * recursion (last_func). */
+	w->last_func = 0;
+	w->last_pt = e->pt;
+	w->last_bc = e->pt + w->cfg.pt_size;
+	w->last_call = 0;
+	w->site_check = 0;
+	w->site_fill = 0;
+	w->known_func = 0;
+	return 0;
+}
+
+/* The run of the memo's frames from the one lj_memo_match found (w->memo_c): each frame
+ * of it is a Lua function's with its words unchanged in the stack (read at once for the
+ * run), its PC its callee's return PC, its C frame the run's, located by its callee's A;
+ * lj_memo_take takes them. A global function, as lj_memo_match. */
+__noinline int lj_memo_run(struct lua_work *w)
+{
+	if (!w)
+		return 0;
+	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	if (!m)
+		return 0;
+	__u32 c = w->memo_c & (LJ_MEMO_FRAMES - 1);
+	__u32 n = m->n < LJ_MEMO_FRAMES ? m->n : LJ_MEMO_FRAMES;
+	/* The slots from the lowest frame's function (GC32: its slot) to the first's link. */
+	__u64 top = m->fr[c].pos + 8;
+	__u64 low = m->fr[(n - 1) & (LJ_MEMO_FRAMES - 1)].pos - 8;
+	if (low < w->stack)
+		low = w->stack;
+	if (top - low > LJ_MEMO_STACK)
+		low = top - LJ_MEMO_STACK;
+	__u32 span = (__u32)(top - low) & (2 * LJ_MEMO_STACK - 1);
+	if (span > LJ_MEMO_STACK || bpf_probe_read_user(m->stk, span, (void *)low))
+		return 0;
+	/* Each frame after the first chained to the one before (LJ_MEMO_CHAINED, checked when
+	 * noted) and left through its Lua link; its words unchanged. */
+	__u32 left = LREC_LUA_MAX_FRAMES - w->n;
+	__u32 run = 0;
+	__u64 gc64 = w->cfg.gc64;
+	for (__u32 i = 0; i < LJ_MEMO_FRAMES; i++) {
+		__u32 k = c + i;
+		if (k >= n || i >= left)
+			break;
+		struct lj_memo_frame *e = &m->fr[k & (LJ_MEMO_FRAMES - 1)];
+		if (!e->next || (i && !(e->ok & LJ_MEMO_CHAINED)))
+			break;
+		__u64 off = e->pos - low;
+		if (e->pos < low + 8 || off + 8 > span)
+			break;
+		__u64 slot = *(__u64 *)&m->stk[off & (LJ_MEMO_STACK - 1)];
+		if (gc64) {
+			__u64 func = *(__u64 *)&m->stk[(off - 8) & (LJ_MEMO_STACK - 1)];
+			if (slot != e->link || (func & LJ_GCVMASK) != e->func)
+				break;
+		} else if ((__u32)slot != e->func || (__u64)(__s64)(__s32)(slot >> 32) != e->link) {
+			break;
+		}
+		run++;
+	}
+	w->memo_run = run;
+	return 0;
+}
+
+/* At the end of a walk that took nothing from the memo: the frames it noted are the other
+ * memo, in use once lrec has the sample (lj_memo_commit). */
+static __always_inline void lj_memo_end(struct lua_work *w)
+{
+	if (w->memo_used || w->memo_n < 2)
+		return;
+	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
+	if (!m)
+		return;
+	m->tgid = w->tgid;
+	m->gen = w->gen;
+	m->l = w->memo_l;
+	m->stack = w->memo_stack;
+	m->frees = w->frees;
+	m->n = w->memo_n;
+	/* Numbered per CPU from 1 (lrec keeps each CPU's last). */
+	m->seq = ++w->memo_seq_next;
+	w->memo_made = 1;
+}
+
+/* Fills the walk's memo fields of its header h; returns the frames it took from the memo
+ * (not sent). */
+static __always_inline __u32 lj_memo_header(struct lua_work *w, struct lrec_lua_stack *h)
+{
+	h->memo_pad = 0;
+	if (w->memo_used) {
+		h->memo = LREC_MEMO_TAKEN;
+		h->memo_seq = w->memo_seq;
+		h->memo_at = w->memo_at;
+		h->memo_from = w->memo_c;
+		h->memo_len = w->memo_run;
+		return w->memo_run;
+	}
+	h->memo = w->memo_made ? LREC_MEMO_MADE : LREC_MEMO_NONE;
+	h->memo_seq = w->memo_made ? w->memo_seq_next : 0;
+	h->memo_at = w->memo_made ? w->memo_first : 0;
+	h->memo_from = 0;
+	h->memo_len = w->memo_made ? w->memo_n : 0;
+	return 0;
+}
+
+/* After the sample went to the ring (sent: it did): the memo its walk made is the one in
+ * use, as lrec will have its records; a sample lost leaves the one in use. */
+static __always_inline void lj_memo_commit(__u32 sent)
+{
+	struct lua_work *w = lua_work();
+	if (!w || !w->memo_made)
+		return;
+	w->memo_made = 0;
+	if (sent)
+		w->memo_active ^= 1;
+}
+
+#endif
