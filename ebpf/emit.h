@@ -109,8 +109,13 @@ static __always_inline void emit(struct sample_buf *b, struct pt_regs *r, __u32 
 	long err = bpf_ringbuf_output(&samples, b, size, flags);
 	if (err)
 		count_lost();
-	/* A LuaJIT walk's memo is used once lrec has the frames it names. */
-	lj_memo_commit(!err);
+	/* A walk's memo is used once lrec has the frames it names. */
+	struct lua_work *lw = lua_work();
+	if (lw)
+		lua_memo_commit(&lw->memo, !err);
+	struct puc_work *pw = puc_work();
+	if (pw)
+		lua_memo_commit(&pw->memo, !err);
 }
 
 /* The scratch record of this CPU with its header begun for the current thread. */

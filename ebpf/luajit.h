@@ -25,8 +25,8 @@ static __always_inline __u32 lua_stack_end(struct sample_buf *b, struct lua_work
 	h->l = l0;
 	h->cframe = cf0;
 	h->vmstate = vmstate;
-	/* Frames taken from the memo are named, not sent (lj_memo_header). */
-	__u32 sent = w->n - lj_memo_header(w, h);
+	/* Frames taken from the memo are named, not sent (lua_memo_header). */
+	__u32 sent = w->n - lua_memo_header(&w->memo, h);
 	h->nframes = sent;
 	h->flags = w->flags;
 	h->stale = w->stale;
@@ -54,10 +54,10 @@ static __noinline __u32 lua_suspended_stack(struct sample_buf *b, struct lua_wor
 	lua_start(w, l, stack, base, 0);
 	w->out = offset + sizeof(struct lrec_lua_stack);
 	w->jit_start = 0;
-	w->memo_note = 0;
-	w->memo_try = 0;
-	w->memo_used = 0;
-	w->memo_made = 0;
+	w->memo.note = 0;
+	w->memo.try = 0;
+	w->memo.used = 0;
+	w->memo.made = 0;
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	return lua_stack_end(b, w, offset, l, 0, (__s32)lj_g(w, w->g, w->cfg.g_vmstate));
 }

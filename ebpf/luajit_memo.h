@@ -22,12 +22,8 @@
 
 #include "luajit_work.h"
 #include "luajit_read.h"
+#include "lua_memo.h"
 
-/* Frames remembered, the innermost first: a deeper stack's are walked below them. */
-#define LJ_MEMO_FRAMES 256
-/* Frames walked before the memo is given up for this sample: it matches within the first
- * few (the innermost frames, which moved, lie above). */
-#define LJ_MEMO_TRIES 16
 /* Frames of the memo passed over in one step of the walk, looking for its slot. */
 #define LJ_MEMO_SKIP 8
 /* The most of the stack a run spans (its frames' slots, read at once). */
@@ -42,60 +38,35 @@ struct lj_memo_frame {
 	__u64 link;
 	__u64 cf;   /* the C frame running it */
 	__u64 next; /* its caller's slot when the caller was located by the call's A, else 0 */
-	__u64 ok;   /* LJ_MEMO_OK, LJ_MEMO_CHAINED */
+	__u64 ok;   /* LUA_MEMO_OK, LUA_MEMO_CHAINED (the caller of the frame noted before it:
+		     * located by its A, that frame's next, at the return PC in its link, run by
+		     * the same C frame) */
 	__u64 pt;   /* its record's proto (ptr) */
 };
-
-/* lj_memo_frame.ok: a Lua function's frame whose PC lay in its bytecode (not a trace's) */
-#define LJ_MEMO_OK 1
-/* ... and the caller of the frame noted before it: located by its A (that frame's next is
- * its slot), at the return PC in that frame's link, run by the same C frame. */
-#define LJ_MEMO_CHAINED 2
 
 /* lrec holds the records: the walk that made a memo sent them (LREC_MEMO_MADE, its
  * sequence number seq), and a walk that takes a run names it (LREC_MEMO_TAKEN). */
 struct lj_memo {
-	__u32 tgid, gen;
-	__u64 l, stack, frees, seq;
-	__u32 n, pad;
-	struct lj_memo_frame fr[LJ_MEMO_FRAMES];
+	struct lua_memo_head h; /* base: the state's stack */
+	struct lj_memo_frame fr[LUA_MEMO_FRAMES];
 	/* The stack the run's words are compared in, read at once (lj_memo_run). */
 	__u8 stk[LJ_MEMO_STACK + 16];
 };
 
-/* Two per CPU: the one in use (lua_work.memo_active) and the one the current walk fills,
- * in use once lrec has its records (lj_memo_commit). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2); /* set to twice the number of CPUs by lrec */
-	__type(key, __u32);
-	__type(value, struct lj_memo);
-} lj_memos SEC(".maps");
+_Static_assert(sizeof(struct lj_memo) <= LUA_MEMO_SIZE, "a memo fits lua_memos");
 
+/* This CPU's memo `which` (lua_memo_get). */
 static __always_inline struct lj_memo *lj_memo_get(struct lua_work *w, __u32 which)
 {
-	__u32 k = w->cpu * 2 + (which & 1);
-	return bpf_map_lookup_elem(&lj_memos, &k);
+	return lua_memo_get(w->cpu, LUA_VM_LUAJIT, which);
 }
 
-/* At the start of a walk of state w->l: whether the memo in use was made in this process,
- * generation, state and count of freed protos (an audited sample reads every frame); the
- * walk remembers its frames in the other one while the count is known. */
+/* At the start of a walk of state w->l (lua_memo_begin). */
 static __always_inline void lj_memo_start(struct lua_work *w)
 {
-	w->memo_n = 0;
-	w->memo_noted = ~0U;
-	w->memo_used = 0;
-	w->memo_made = 0;
-	w->memo_note = w->frees != LUA_FREES_UNCOUNTED;
-	w->memo_try = 0;
-	w->memo_c = 0;
-	w->memo_l = w->l;
-	w->memo_stack = w->stack;
-	struct lj_memo *m = lj_memo_get(w, w->memo_active);
-	if (m && w->memo_note && !w->audit && m->n && m->tgid == w->tgid && m->gen == w->gen &&
-	    m->l == w->l && m->stack == w->stack && m->frees == w->frees)
-		w->memo_try = 1;
+	struct lj_memo *m = lj_memo_get(w, w->memo.active);
+	lua_memo_begin(&w->memo, m ? &m->h : NULL, w->tgid, w->gen, w->frees, w->audit, w->l,
+		       w->stack, 1);
 }
 
 /* Remembers the frame the step just emitted (the record before w->out, the walk's frame
@@ -103,20 +74,20 @@ static __always_inline void lj_memo_start(struct lua_work *w)
  * lj_memo_frame.ok. The frames noted are the walk's from memo_first on, one after another. */
 __noinline int lj_memo_note(struct lua_work *w, __u64 func, __u64 link, int ok)
 {
-	if (!w || !w->memo_note || w->l != w->memo_l)
+	if (!w || !w->memo.note || w->l != w->memo.l)
 		return 0;
-	__u32 i = w->memo_n;
-	if (!i)
-		w->memo_first = w->n - 1;
-	if (i >= LJ_MEMO_FRAMES || w->memo_first + i != w->n - 1) {
-		w->memo_note = 0;
+	int i = lua_memo_slot(&w->memo, w->n);
+	struct lj_memo *m = lj_memo_get(w, w->memo.active ^ 1);
+	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
+	if (i < 0)
+		return 0;
+	if (!m || !b) {
+		/* Not noted after all: no memo from this walk. */
+		w->memo.note = 0;
+		w->memo.n = 0;
 		return 0;
 	}
-	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	if (!m || !b)
-		return 0;
-	struct lj_memo_frame *e = &m->fr[i & (LJ_MEMO_FRAMES - 1)];
+	struct lj_memo_frame *e = &m->fr[i & (LUA_MEMO_FRAMES - 1)];
 	struct lrec_lua_frame *f =
 		(void *)&b->data[(w->out - sizeof(struct lrec_lua_frame)) & (LREC_DATA_SIZE - 1)];
 	e->pos = w->frame;
@@ -125,27 +96,25 @@ __noinline int lj_memo_note(struct lua_work *w, __u64 func, __u64 link, int ok)
 	e->link = link;
 	e->cf = w->cf;
 	e->next = 0;
-	e->ok = ok ? LJ_MEMO_OK : 0;
+	e->ok = ok ? LUA_MEMO_OK : 0;
 	e->pt = f->ptr;
 	if (ok && i) {
-		struct lj_memo_frame *up = &m->fr[(i - 1) & (LJ_MEMO_FRAMES - 1)];
+		struct lj_memo_frame *up = &m->fr[(i - 1) & (LUA_MEMO_FRAMES - 1)];
 		__u64 ret = w->cfg.gc64 ? up->link : (__u32)up->link;
-		if ((up->ok & LJ_MEMO_OK) && up->next == w->frame && ret == w->pc && up->cf == w->cf)
-			e->ok |= LJ_MEMO_CHAINED;
+		if ((up->ok & LUA_MEMO_OK) && up->next == w->frame && ret == w->pc && up->cf == w->cf)
+			e->ok |= LUA_MEMO_CHAINED;
 	}
-	w->memo_n = i + 1;
-	w->memo_noted = w->n;
 	return 0;
 }
 
 /* The frame noted last was left through its Lua link for the caller at w->frame. */
 static __always_inline void lj_memo_next(struct lua_work *w)
 {
-	if (!w->memo_note || w->memo_noted != w->n || !w->memo_n)
+	if (!w->memo.note || w->memo.noted != w->n || !w->memo.n)
 		return;
-	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
+	struct lj_memo *m = lj_memo_get(w, w->memo.active ^ 1);
 	if (m)
-		m->fr[(w->memo_n - 1) & (LJ_MEMO_FRAMES - 1)].next = w->frame;
+		m->fr[(w->memo.n - 1) & (LUA_MEMO_FRAMES - 1)].next = w->frame;
 }
 
 /* Whether the frame at w->frame, about to be walked, is one the memo in use holds at the
@@ -155,36 +124,36 @@ __noinline int lj_memo_match(struct lua_work *w)
 {
 	if (!w || w->jit_start)
 		return 0;
-	if (w->n >= LJ_MEMO_TRIES || w->l != w->memo_l) {
-		w->memo_try = 0;
+	if (w->n >= LUA_MEMO_TRIES || w->l != w->memo.l) {
+		w->memo.try = 0;
 		return 0;
 	}
-	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	struct lj_memo *m = lj_memo_get(w, w->memo.active);
 	if (!m)
 		return 0;
 	/* The slots go down the stack with the frames: memo_c follows the walk down them, a
 	 * few a step (a binary search's branches cost the verifier each path). */
-	__u32 n = m->n < LJ_MEMO_FRAMES ? m->n : LJ_MEMO_FRAMES;
-	__u32 c = w->memo_c;
+	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
+	__u32 c = w->memo.c;
 	for (int i = 0; i < LJ_MEMO_SKIP; i++) {
-		if (c >= n || m->fr[c & (LJ_MEMO_FRAMES - 1)].pos <= w->frame)
+		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].pos <= w->frame)
 			break;
 		c++;
 	}
-	w->memo_c = c;
+	w->memo.c = c;
 	if (c >= n) {
-		w->memo_try = 0;
+		w->memo.try = 0;
 		return 0;
 	}
-	struct lj_memo_frame *e = &m->fr[c & (LJ_MEMO_FRAMES - 1)];
+	struct lj_memo_frame *e = &m->fr[c & (LUA_MEMO_FRAMES - 1)];
 	if (e->pos != w->frame || e->pc != w->pc || e->cf != w->cf || !e->ok || !e->next)
 		return 0;
-	w->memo_run = 0;
-	w->memo_try = 0;
+	w->memo.run = 0;
+	w->memo.try = 0;
 	return 1;
 }
 
-/* Takes the run of w->memo_run remembered frames from w->memo_c (lj_memo_run): they stand
+/* Takes the run of w->memo.run remembered frames from w->memo.c (lj_memo_run): they stand
  * at the walk's frame w->n, named by the memo's sequence number and not sent (lrec has
  * their records), and the walk moves to the caller of the last one as the step that left
  * that frame would have (the caller then read in full: no call site is taken on). A
@@ -194,13 +163,13 @@ __noinline int lj_memo_take(struct lua_work *w)
 {
 	if (!w)
 		return 0;
-	__u32 run = w->memo_run;
-	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	__u32 run = w->memo.run;
+	struct lj_memo *m = lj_memo_get(w, w->memo.active);
 	if (!run || !m)
 		return 0;
 	/* The lowest frame taken must not lie below the stack top a C frame that ended
 	 * there saved (the step's C frame loop would move to the previous C frame). */
-	__u32 last = (w->memo_c + run - 1) & (LJ_MEMO_FRAMES - 1);
+	__u32 last = (w->memo.c + run - 1) & (LUA_MEMO_FRAMES - 1);
 	struct lj_memo_frame *e = &m->fr[last];
 	if (w->nres_of != w->cf) {
 		w->nres_of = w->cf;
@@ -208,9 +177,9 @@ __noinline int lj_memo_take(struct lua_work *w)
 	}
 	if (w->nres < 0 && e->pos < w->stack + (__u64)(-(__s64)w->nres))
 		return 0;
-	w->memo_used = 1;
-	w->memo_at = w->n;
-	w->memo_seq = m->seq;
+	w->memo.used = 1;
+	w->memo.at = w->n;
+	w->memo.seq = m->h.seq;
 	w->n += run;
 	w->frame = e->next;
 	w->pc = w->cfg.gc64 ? e->link : (__u32)e->link;
@@ -226,7 +195,7 @@ __noinline int lj_memo_take(struct lua_work *w)
 	return 0;
 }
 
-/* The run of the memo's frames from the one lj_memo_match found (w->memo_c): each frame
+/* The run of the memo's frames from the one lj_memo_match found (w->memo.c): each frame
  * of it is a Lua function's with its words unchanged in the stack (read at once for the
  * run), its PC its callee's return PC, its C frame the run's, located by its callee's A;
  * lj_memo_take takes them. A global function, as lj_memo_match. */
@@ -234,14 +203,14 @@ __noinline int lj_memo_run(struct lua_work *w)
 {
 	if (!w)
 		return 0;
-	struct lj_memo *m = lj_memo_get(w, w->memo_active);
+	struct lj_memo *m = lj_memo_get(w, w->memo.active);
 	if (!m)
 		return 0;
-	__u32 c = w->memo_c & (LJ_MEMO_FRAMES - 1);
-	__u32 n = m->n < LJ_MEMO_FRAMES ? m->n : LJ_MEMO_FRAMES;
+	__u32 c = w->memo.c & (LUA_MEMO_FRAMES - 1);
+	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
 	/* The slots from the lowest frame's function (GC32: its slot) to the first's link. */
 	__u64 top = m->fr[c].pos + 8;
-	__u64 low = m->fr[(n - 1) & (LJ_MEMO_FRAMES - 1)].pos - 8;
+	__u64 low = m->fr[(n - 1) & (LUA_MEMO_FRAMES - 1)].pos - 8;
 	if (low < w->stack)
 		low = w->stack;
 	if (top - low > LJ_MEMO_STACK)
@@ -249,17 +218,17 @@ __noinline int lj_memo_run(struct lua_work *w)
 	__u32 span = (__u32)(top - low) & (2 * LJ_MEMO_STACK - 1);
 	if (span > LJ_MEMO_STACK || bpf_probe_read_user(m->stk, span, (void *)low))
 		return 0;
-	/* Each frame after the first chained to the one before (LJ_MEMO_CHAINED, checked when
+	/* Each frame after the first chained to the one before (LUA_MEMO_CHAINED, checked when
 	 * noted) and left through its Lua link; its words unchanged. */
 	__u32 left = LREC_LUA_MAX_FRAMES - w->n;
 	__u32 run = 0;
 	__u64 gc64 = w->cfg.gc64;
-	for (__u32 i = 0; i < LJ_MEMO_FRAMES; i++) {
+	for (__u32 i = 0; i < LUA_MEMO_FRAMES; i++) {
 		__u32 k = c + i;
 		if (k >= n || i >= left)
 			break;
-		struct lj_memo_frame *e = &m->fr[k & (LJ_MEMO_FRAMES - 1)];
-		if (!e->next || (i && !(e->ok & LJ_MEMO_CHAINED)))
+		struct lj_memo_frame *e = &m->fr[k & (LUA_MEMO_FRAMES - 1)];
+		if (!e->next || (i && !(e->ok & LUA_MEMO_CHAINED)))
 			break;
 		__u64 off = e->pos - low;
 		if (e->pos < low + 8 || off + 8 > span)
@@ -274,61 +243,15 @@ __noinline int lj_memo_run(struct lua_work *w)
 		}
 		run++;
 	}
-	w->memo_run = run;
+	w->memo.run = run;
 	return 0;
 }
 
-/* At the end of a walk that took nothing from the memo: the frames it noted are the other
- * memo, in use once lrec has the sample (lj_memo_commit). */
+/* At the end of the walk (lua_memo_finish). */
 static __always_inline void lj_memo_end(struct lua_work *w)
 {
-	if (w->memo_used || w->memo_n < 2)
-		return;
-	struct lj_memo *m = lj_memo_get(w, w->memo_active ^ 1);
-	if (!m)
-		return;
-	m->tgid = w->tgid;
-	m->gen = w->gen;
-	m->l = w->memo_l;
-	m->stack = w->memo_stack;
-	m->frees = w->frees;
-	m->n = w->memo_n;
-	/* Numbered per CPU from 1 (lrec keeps each CPU's last). */
-	m->seq = ++w->memo_seq_next;
-	w->memo_made = 1;
-}
-
-/* Fills the walk's memo fields of its header h; returns the frames it took from the memo
- * (not sent). */
-static __always_inline __u32 lj_memo_header(struct lua_work *w, struct lrec_lua_stack *h)
-{
-	h->memo_pad = 0;
-	if (w->memo_used) {
-		h->memo = LREC_MEMO_TAKEN;
-		h->memo_seq = w->memo_seq;
-		h->memo_at = w->memo_at;
-		h->memo_from = w->memo_c;
-		h->memo_len = w->memo_run;
-		return w->memo_run;
-	}
-	h->memo = w->memo_made ? LREC_MEMO_MADE : LREC_MEMO_NONE;
-	h->memo_seq = w->memo_made ? w->memo_seq_next : 0;
-	h->memo_at = w->memo_made ? w->memo_first : 0;
-	h->memo_from = 0;
-	h->memo_len = w->memo_made ? w->memo_n : 0;
-	return 0;
-}
-
-/* After the sample went to the ring (sent: it did): the memo its walk made is the one in
- * use, as lrec will have its records; a sample lost leaves the one in use. */
-static __always_inline void lj_memo_commit(__u32 sent)
-{
-	struct lua_work *w = lua_work();
-	if (!w || !w->memo_made)
-		return;
-	w->memo_made = 0;
-	if (sent)
-		w->memo_active ^= 1;
+	struct lj_memo *m = lj_memo_get(w, w->memo.active ^ 1);
+	lua_memo_finish(&w->memo, m ? &m->h : NULL, w->tgid, w->gen, w->frees);
 }
 
 #endif

@@ -118,7 +118,7 @@ static long lua_step(__u64 i, void *unused)
 	}
 	struct lrec_lua_config *c = &w->cfg;
 	/* Frames the last full walk emitted, taken where unchanged (luajit_memo.h). */
-	if (w->memo_try && lj_memo_match(w)) {
+	if (w->memo.try && lj_memo_match(w)) {
 		lj_memo_run(w);
 		lj_memo_take(w);
 		return 0;

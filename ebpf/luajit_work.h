@@ -6,6 +6,7 @@
 #include "common.h"
 #include "lua_protos.h"
 #include "window.h"
+#include "lua_memo.h"
 
 #define LJ_FRAME_LUA 0
 #define LJ_FRAME_C 1
@@ -139,17 +140,8 @@ struct lua_work {
 	 * none. */
 	__u64 known_func;
 	__u64 known_pt;
-	/* The memo of full walks (luajit_memo.h): which of this CPU's two is in use (kept
-	 * across samples, as the last sequence number given, memo_seq_next), the frames this
-	 * walk noted in the other (from its frame memo_first), the frame count when it noted
-	 * the last, whether it notes (the count of freed protos is known) and tries the memo
-	 * (memo_try, within LJ_MEMO_TRIES frames), the memo's frame the walk reached (memo_c)
-	 * and the run of them matching from there (memo_run), whether it took them (memo_used:
-	 * at its frame memo_at, from memo memo_seq) or made a memo (memo_made). */
-	__u32 memo_active, memo_n, memo_noted, memo_note;
-	__u32 memo_try, memo_used, memo_c, memo_run;
-	__u32 memo_first, memo_at, memo_made, pad_memo;
-	__u64 memo_seq, memo_seq_next;
+	/* The memo of full walks (luajit_memo.h). */
+	struct lua_memo_state memo;
 	__u64 memo_l, memo_stack; /* the state whose frames are noted */
 };
 

@@ -15,6 +15,7 @@
 #include "puc_work.h"
 #include "puc_find.h"
 #include "puc_protos.h"
+#include "puc_memo.h"
 
 /* Whether 5.1's luaV_execute began at the Lua frame emitted last, now that its caller
  * (the CallInfo below) is known: it did unless the caller is a Lua
@@ -61,6 +62,12 @@ static long puc_step(__u64 i, void *unused)
 	if (w->n >= LREC_LUA_MAX_FRAMES) {
 		w->flags |= LREC_LUA_TRUNCATED;
 		return 1;
+	}
+	/* Frames the last full walk emitted, taken where unchanged (puc_memo.h). */
+	if (w->memo.try && puc_memo_match(w)) {
+		puc_memo_run(w);
+		puc_memo_take(w);
+		return 0;
 	}
 	/* The CallInfo's fields are read where the window holds it (copying it out first
 	 * cost 15 % of a 200-frame walk), else from a read of it alone. */
@@ -218,10 +225,13 @@ static long puc_step(__u64 i, void *unused)
 emitted:
 	w->out += sizeof(struct lrec_lua_frame);
 	w->n++;
-	if (c->version == 501)
+	if (c->version == 501) {
 		w->ci -= c->ci_size;
-	else
-		w->ci = PUC_U64(cib, PUC_CI, c->ci_previous);
+		return 0;
+	}
+	__u64 previous = PUC_U64(cib, PUC_CI, c->ci_previous);
+	puc_memo_note(w, func, savedpc, status, previous, !f->ffid && f->pos != ~0U);
+	w->ci = previous;
 	return 0;
 }
 
@@ -275,7 +285,9 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	if (!puc_enter(w))
 		return 0;
 	w->out = offset + sizeof(struct lrec_lua_stack);
+	puc_memo_start(w);
 	bpf_loop(LREC_LUA_MAX_STEPS, puc_step, NULL, 0);
+	puc_memo_end(w);
 	if (w->n >= LREC_LUA_MAX_FRAMES && (w->ci != w->base_ci || w->t > 0))
 		w->flags |= LREC_LUA_TRUNCATED;
 
@@ -284,17 +296,13 @@ static __always_inline __u32 puc_stack(struct sample_buf *b, struct lrec_regs *r
 	h->l = w->threads[(n - 1) & (LREC_PUC_MAX_THREADS - 1)];
 	h->cframe = 0;
 	h->vmstate = -1; /* as LuaJIT's LJ_VMST_INTERP: interpreted */
-	h->nframes = w->n;
+	/* Frames taken from the memo are named, not sent. */
+	__u32 sent = w->n - lua_memo_header(&w->memo, h);
+	h->nframes = sent;
 	h->flags = w->flags | LREC_LUA_PUC;
 	h->stale = w->stale;
 	h->pad = 0;
-	h->memo_seq = 0;
-	h->memo_at = 0;
-	h->memo_from = 0;
-	h->memo_len = 0;
-	h->memo = LREC_MEMO_NONE;
-	h->memo_pad = 0;
-	return sizeof(struct lrec_lua_stack) + w->n * sizeof(struct lrec_lua_frame);
+	return sizeof(struct lrec_lua_stack) + sent * sizeof(struct lrec_lua_frame);
 }
 
 #endif

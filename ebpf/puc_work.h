@@ -6,6 +6,7 @@
 #include "common.h"
 #include "lua_protos.h"
 #include "window.h"
+#include "lua_memo.h"
 
 /* Most coroutines descended into (resumers and the running one). */
 #define LREC_PUC_MAX_THREADS 8
@@ -84,6 +85,8 @@ struct puc_work {
 	 * remembered call site must be. */
 	struct window ptw;
 	__u64 pt_prev;  /* the last proto read (0: none yet) */
+	/* The memo of full walks (puc_memo.h). */
+	struct lua_memo_state memo;
 };
 
 struct {

@@ -223,8 +223,15 @@ def main():
     args = ap.parse_args()
     os.sched_setaffinity(0, {0})
     # The kernel must not lower the sampling rate under us, and BPF counts its run time.
+    # The rate can be written only while the kernel throttles (a percent other than 0 and
+    # 100): a run that was killed leaves 0 behind, and the next one starts from 25 (the
+    # kernel's default) instead of failing.
+    old_pct = sysctl("kernel.perf_cpu_time_max_percent")
+    if old_pct in ("0", "100"):
+        old_pct = "25"
+        sysctl("kernel.perf_cpu_time_max_percent", old_pct)
     old_rate = sysctl("kernel.perf_event_max_sample_rate", max(100000, args.hz))
-    old_pct = sysctl("kernel.perf_cpu_time_max_percent", 0)
+    sysctl("kernel.perf_cpu_time_max_percent", 0)
     old_stats = sysctl("kernel.bpf_stats_enabled", 1)
     print(
         f"Per-sample cost on the target's CPU: {args.hz} Hz, {args.window:g} s windows, "
@@ -247,8 +254,7 @@ def main():
                 measure(label, command, args, tmp)
     finally:
         sysctl("kernel.perf_cpu_time_max_percent", old_pct)
-        if old_pct not in ("0", "100"):
-            sysctl("kernel.perf_event_max_sample_rate", old_rate)
+        sysctl("kernel.perf_event_max_sample_rate", old_rate)
         sysctl("kernel.bpf_stats_enabled", old_stats)
 
 

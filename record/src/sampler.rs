@@ -572,7 +572,7 @@ impl Globals {
             .map_max_entries("lat_stats", self.lat_stats)
             .map_max_entries("lat_events", self.lat_ring)
             .map_max_entries("scratch", self.ncpu)
-            .map_max_entries("lj_memos", 2 * self.ncpu)
+            .map_max_entries("lua_memos", 4 * self.ncpu)
             .map_max_entries("samples", cfg.ring_bytes)
             .load(SAMPLE_BPF)
             .map_err(SamplerError::Load)

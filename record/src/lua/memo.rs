@@ -3,7 +3,8 @@
 //! frames, names that walk's run of frames instead of sending them again. The walk that
 //! made the memo sent them (`LREC_MEMO_MADE`); BPF uses a memo only once its sample reached
 //! the ring, and lrec reads each CPU's records in order, so the memo a walk names
-//! (`LREC_MEMO_TAKEN`) is the last one kept here for its CPU.
+//! (`LREC_MEMO_TAKEN`) is the last one kept here for its CPU and VM kind (LuaJIT's walk
+//! and PUC Lua's keep one each: ebpf/luajit_memo.h, ebpf/puc_memo.h).
 
 use std::borrow::Cow;
 
@@ -18,8 +19,9 @@ pub const MEMO_TAKEN: u8 = 2;
 
 #[derive(Default)]
 pub(super) struct Memos {
-    /// Each CPU's last memo: its sequence number and frames.
-    by_cpu: FxHashMap<u32, (u64, Vec<RawLuaFrame>)>,
+    /// Each CPU's last memo of each VM kind (LuaJIT, PUC Lua: BPF keeps one of each): its
+    /// sequence number and frames.
+    by_cpu: FxHashMap<(u32, bool), (u64, Vec<RawLuaFrame>)>,
     /// Frames taken from a memo, and walks whose memo was not here (cut where the run
     /// began, marked broken).
     pub taken: u64,
@@ -31,6 +33,7 @@ impl Memos {
     /// memo made kept for the walks after it.
     pub fn resolve<'a>(&mut self, cpu: u32, mut walk: LuaWalk<'a>) -> LuaWalk<'a> {
         let h = walk.header;
+        let key = (cpu, u32::from(h.flags) & lua_flags::PUC != 0);
         let (at, from, len) = (
             usize::from(h.memo_at),
             usize::from(h.memo_from),
@@ -39,7 +42,7 @@ impl Memos {
         match h.memo {
             MEMO_MADE => {
                 if let Some(made) = walk.frames.get(at..at + len) {
-                    let (seq, frames) = self.by_cpu.entry(cpu).or_default();
+                    let (seq, frames) = self.by_cpu.entry(key).or_default();
                     *seq = h.memo_seq;
                     frames.clear();
                     frames.extend_from_slice(made);
@@ -48,7 +51,7 @@ impl Memos {
             MEMO_TAKEN => {
                 let run = self
                     .by_cpu
-                    .get(&cpu)
+                    .get(&key)
                     .filter(|(seq, _)| *seq == h.memo_seq)
                     .and_then(|(_, frames)| frames.get(from..from + len));
                 let sent = &walk.frames;
@@ -137,6 +140,17 @@ mod tests {
         let w = m.resolve(0, walk(MEMO_TAKEN, 7, 0, 2, 2, &[]));
         assert!(w.frames.is_empty());
         assert_eq!(m.missing, 3);
+    }
+
+    #[test]
+    fn each_vm_kind_has_its_own_memo() {
+        let mut m = Memos::default();
+        let mut puc = walk(MEMO_MADE, 1, 0, 0, 2, &[5, 6]);
+        puc.header.flags = lua_flags::PUC as u16;
+        m.resolve(0, walk(MEMO_MADE, 1, 0, 0, 2, &[1, 2]));
+        m.resolve(0, puc);
+        let w = m.resolve(0, walk(MEMO_TAKEN, 1, 0, 0, 2, &[]));
+        assert_eq!(ptrs(&w), [1, 2]);
     }
 
     #[test]

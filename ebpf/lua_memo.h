@@ -1,0 +1,155 @@
+/* What both walkers' memos share (luajit_memo.h, puc_memo.h): each CPU keeps its last full
+ * walk of a VM's frames, and a later walk on it takes the run of them that did not change,
+ * naming it in its header (lrec_lua_stack.memo_*) instead of sending the frames again; lrec
+ * has them from the walk that made the memo (record/src/lua/memo.rs). The limits, the
+ * frames' flags, the walk's memo state, its header fields and the commit after the sample
+ * went to the ring. */
+#ifndef LREC_LUA_MEMO_H
+#define LREC_LUA_MEMO_H
+
+#include "common.h"
+#include "lua_frees.h"
+
+/* Frames remembered, the innermost first: a deeper stack's are walked below them. */
+#define LUA_MEMO_FRAMES 256
+/* Frames walked before the memo is given up for this sample: it matches within the first
+ * few (the innermost frames, which moved, lie above). */
+#define LUA_MEMO_TRIES 16
+
+/* A memo frame's flags: a Lua function's frame named by its PC (which lay in its code;
+ * not a trace's), */
+#define LUA_MEMO_OK 1
+/* ... and the caller of the frame noted before it (how each VM says so: its memo). */
+#define LUA_MEMO_CHAINED 2
+
+/* A walk's memo state (in lua_work and puc_work): which of this CPU's two memos is in use
+ * and the last sequence number given (kept across samples); the frames this walk noted in
+ * the other one (from its frame `first`; `noted`: the frame count when it noted the last),
+ * whether it notes (the count of freed protos is known) and tries the memo (within
+ * LUA_MEMO_TRIES frames), the memo's frame it reached (c) and the run matching from there,
+ * whether it took them (used: at its frame `at`, from memo `seq`) or made a memo (made);
+ * the state whose frames are noted (l; LuaJIT: its stack `base`, PUC: its thread `t`). */
+struct lua_memo_state {
+	__u32 active, n, noted, note;
+	__u32 try, used, c, run;
+	__u32 first, at, made, t;
+	__u64 seq, seq_next, l, base;
+};
+
+/* What a memo was made in (the process, generation, VM state, its stack (LuaJIT) or its
+ * thread's bottom (PUC) and count of freed protos), its frames and sequence number: the
+ * head of each VM's memo. */
+struct lua_memo_head {
+	__u32 tgid, gen;
+	__u64 l, base, frees, seq;
+	__u32 n, pad;
+};
+
+/* Each VM's memos (struct lj_memo, struct puc_memo: a head, then the VM's frames), two per
+ * CPU for each: the one in use (lua_memo_state.active) and the one a walk fills. */
+#define LUA_MEMO_SIZE (48 * 1024)
+struct lua_memo_blob {
+	__u8 b[LUA_MEMO_SIZE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 4); /* set to four times the number of CPUs by lrec */
+	__type(key, __u32);
+	__type(value, struct lua_memo_blob);
+} lua_memos SEC(".maps");
+
+/* CPU cpu's memo `which` (0 or 1) of VM vm (LUA_VM_*). */
+static __always_inline void *lua_memo_get(__u32 cpu, __u32 vm, __u32 which)
+{
+	__u32 k = cpu * 4 + (vm & 1) * 2 + (which & 1);
+	return bpf_map_lookup_elem(&lua_memos, &k);
+}
+
+/* At a walk's start, of state l on base: s begun, noting if asked (and the count of freed
+ * protos is known), trying the memo in use (head h) if made in the same process,
+ * generation, state and count (an audited sample reads every frame). */
+static __always_inline void lua_memo_begin(struct lua_memo_state *s, struct lua_memo_head *h,
+					   __u32 tgid, __u32 gen, __u64 frees, __u32 audit,
+					   __u64 l, __u64 base, int notes)
+{
+	s->n = 0;
+	s->noted = ~0U;
+	s->used = 0;
+	s->made = 0;
+	s->c = 0;
+	s->note = notes && frees != LUA_FREES_UNCOUNTED;
+	s->l = l;
+	s->base = base;
+	s->try = h && s->note && !audit && h->n && h->tgid == tgid && h->gen == gen &&
+		 h->l == l && h->base == base && h->frees == frees;
+}
+
+/* The memo frame the walk's frame n - 1 (just emitted) is noted in, or -1 when the walk
+ * notes no more (the memo is full, or a frame was emitted without a note: the frames
+ * noted are the walk's from `first` on, one after another). */
+static __always_inline int lua_memo_slot(struct lua_memo_state *s, __u32 n)
+{
+	__u32 i = s->n;
+	if (!i)
+		s->first = n - 1;
+	if (i >= LUA_MEMO_FRAMES || s->first + i != n - 1) {
+		s->note = 0;
+		return -1;
+	}
+	s->n = i + 1;
+	s->noted = n;
+	return (int)i;
+}
+
+/* At the end of a walk that took nothing from the memo: the frames it noted are the other
+ * memo (head h), in use once lrec has the sample (lua_memo_commit). */
+static __always_inline void lua_memo_finish(struct lua_memo_state *s, struct lua_memo_head *h,
+					    __u32 tgid, __u32 gen, __u64 frees)
+{
+	if (s->used || s->n < 2 || !h)
+		return;
+	h->tgid = tgid;
+	h->gen = gen;
+	h->l = s->l;
+	h->base = s->base;
+	h->frees = frees;
+	h->n = s->n;
+	/* Numbered per CPU and VM kind from 1 (lrec keeps each one's last). */
+	h->seq = ++s->seq_next;
+	s->made = 1;
+}
+
+/* Fills the walk's memo fields of its header h; returns the frames it took from the memo
+ * (named, not sent). */
+static __always_inline __u32 lua_memo_header(struct lua_memo_state *s, struct lrec_lua_stack *h)
+{
+	h->memo_pad = 0;
+	if (s->used) {
+		h->memo = LREC_MEMO_TAKEN;
+		h->memo_seq = s->seq;
+		h->memo_at = s->at;
+		h->memo_from = s->c;
+		h->memo_len = s->run;
+		return s->run;
+	}
+	h->memo = s->made ? LREC_MEMO_MADE : LREC_MEMO_NONE;
+	h->memo_seq = s->made ? s->seq_next : 0;
+	h->memo_at = s->made ? s->first : 0;
+	h->memo_from = 0;
+	h->memo_len = s->made ? s->n : 0;
+	return 0;
+}
+
+/* After the sample went to the ring (sent: it did): the memo its walk made is the one in
+ * use, as lrec will have its frames; a sample lost leaves the one in use. */
+static __always_inline void lua_memo_commit(struct lua_memo_state *s, __u32 sent)
+{
+	if (!s->made)
+		return;
+	s->made = 0;
+	if (sent)
+		s->active ^= 1;
+}
+
+#endif
