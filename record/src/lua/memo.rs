@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use lrec_format::lua_flags;
+use lrec_format::{lua_flags, Sample};
 use rustc_hash::FxHashMap;
 
 use crate::raw::{LuaWalk, RawLuaFrame};
@@ -78,6 +78,21 @@ impl Memos {
             _ => {}
         }
         walk
+    }
+}
+
+impl super::LuaVms {
+    /// Keeps the memo a walk not otherwise looked at made (a sample taken too late).
+    pub fn keep_memo(&mut self, sample: &Sample, walk: Option<LuaWalk>) {
+        if let Some(walk) = walk {
+            self.memos.resolve(sample.cpu, walk);
+        }
+    }
+
+    /// Lua frames taken unchanged from their CPU's last full walk, and walks cut where the
+    /// memo they named was not received.
+    pub fn frames_from_memos(&self) -> (u64, u64) {
+        (self.memos.taken, self.memos.missing)
     }
 }
 

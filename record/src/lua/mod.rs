@@ -486,19 +486,6 @@ impl LuaVms {
         self.frames
     }
 
-    /// Keeps the memo a walk not otherwise looked at made (a sample taken too late).
-    pub fn keep_memo(&mut self, sample: &Sample, walk: Option<LuaWalk>) {
-        if let Some(walk) = walk {
-            self.memos.resolve(sample.cpu, walk);
-        }
-    }
-
-    /// Lua frames taken unchanged from their CPU's last full walk, and walks cut where the
-    /// memo they named was not received.
-    pub fn frames_from_memos(&self) -> (u64, u64) {
-        (self.memos.taken, self.memos.missing)
-    }
-
     /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
     /// frames BPF walked into a capture record (its frames: [`Self::frames_of`]).
     pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<Converted> {
