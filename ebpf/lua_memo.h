@@ -24,13 +24,13 @@
 
 /* A walk's memo state (in lua_work and puc_work): which of this CPU's two memos is in use
  * and the last sequence number given (kept across samples); the frames this walk noted in
- * the other one (from its frame `first`; `noted`: the frame count when it noted the last),
+ * the other one (its frames `first` to `first + n - 1`),
  * whether it notes (the count of freed protos is known) and tries the memo (within
  * LUA_MEMO_TRIES frames), the memo's frame it reached (c) and the run matching from there,
  * whether it took them (used: at its frame `at`, from memo `seq`) or made a memo (made);
  * the state whose frames are noted (l; LuaJIT: its stack `base`, PUC: its thread `t`). */
 struct lua_memo_state {
-	__u32 active, n, noted, note;
+	__u32 active, n, note, pad;
 	__u32 try, used, c, run;
 	__u32 first, at, made, t;
 	__u64 seq, seq_next, l, base;
@@ -74,7 +74,6 @@ static __always_inline void lua_memo_begin(struct lua_memo_state *s, struct lua_
 					   __u64 l, __u64 base, int notes)
 {
 	s->n = 0;
-	s->noted = ~0U;
 	s->used = 0;
 	s->made = 0;
 	s->c = 0;
@@ -98,8 +97,24 @@ static __always_inline int lua_memo_slot(struct lua_memo_state *s, __u32 n)
 		return -1;
 	}
 	s->n = i + 1;
-	s->noted = n;
 	return (int)i;
+}
+
+/* The memo's frames matched (s->run from s->c, memo head h) are taken: they stand at the
+ * walk's frame n, named and not sent. Returns the walk's frame count past them. */
+static __always_inline __u32 lua_memo_taken(struct lua_memo_state *s, struct lua_memo_head *h,
+					    __u32 n)
+{
+	s->used = 1;
+	s->at = n;
+	s->seq = h->seq;
+	return n + s->run;
+}
+
+/* The frames memo head h holds (at most LUA_MEMO_FRAMES). */
+static __always_inline __u32 lua_memo_frames(struct lua_memo_head *h)
+{
+	return h->n < LUA_MEMO_FRAMES ? h->n : LUA_MEMO_FRAMES;
 }
 
 /* At the end of a walk that took nothing from the memo: the frames it noted are the other

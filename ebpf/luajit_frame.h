@@ -129,6 +129,18 @@ static __always_inline int lj_proto_key(struct lua_work *w, __u64 pt, struct lua
 	return 0;
 }
 
+/* Whether slot pos lies below the stack top that C frame w->cf saved, when it ended without
+ * a Lua frame of its own (cpcall: lua_load, the trace recorder; its nres < 0), its nres read
+ * once per C frame: the frames there run in the previous C frame. */
+static __always_inline int lj_below_cframe(struct lua_work *w, __u64 pos)
+{
+	if (w->nres_of != w->cf) {
+		w->nres_of = w->cf;
+		w->nres = (__s32)rd32(w->cf + w->cfg.cf_nres);
+	}
+	return w->nres < 0 && pos < w->stack + (__u64)(-(__s64)w->nres);
+}
+
 /* Whether pc (a return or current PC) lies in the bytecode at bc, of sizebc instructions. */
 static __always_inline int lj_pc_in(__u64 pc, __u64 bc, __u32 sizebc)
 {

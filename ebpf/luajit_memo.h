@@ -21,7 +21,7 @@
 #define LREC_LUAJIT_MEMO_H
 
 #include "luajit_work.h"
-#include "luajit_read.h"
+#include "luajit_frame.h"
 #include "lua_memo.h"
 
 /* Frames of the memo passed over in one step of the walk, looking for its slot. */
@@ -100,8 +100,8 @@ __noinline int lj_memo_note(struct lua_work *w, __u64 func, __u64 link, int ok)
 	e->pt = f->ptr;
 	if (ok && i) {
 		struct lj_memo_frame *up = &m->fr[(i - 1) & (LUA_MEMO_FRAMES - 1)];
-		__u64 ret = w->cfg.gc64 ? up->link : (__u32)up->link;
-		if ((up->ok & LUA_MEMO_OK) && up->next == w->frame && ret == w->pc && up->cf == w->cf)
+		if ((up->ok & LUA_MEMO_OK) && up->next == w->frame &&
+		    lj_caller_pc(w, up->link, 0) == w->pc && up->cf == w->cf)
 			e->ok |= LUA_MEMO_CHAINED;
 	}
 	return 0;
@@ -110,7 +110,7 @@ __noinline int lj_memo_note(struct lua_work *w, __u64 func, __u64 link, int ok)
 /* The frame noted last was left through its Lua link for the caller at w->frame. */
 static __always_inline void lj_memo_next(struct lua_work *w)
 {
-	if (!w->memo.note || w->memo.noted != w->n || !w->memo.n)
+	if (!w->memo.note || !w->memo.n || w->memo.first + w->memo.n != w->n)
 		return;
 	struct lj_memo *m = lj_memo_get(w, w->memo.active ^ 1);
 	if (m)
@@ -133,7 +133,7 @@ __noinline int lj_memo_match(struct lua_work *w)
 		return 0;
 	/* The slots go down the stack with the frames: memo_c follows the walk down them, a
 	 * few a step (a binary search's branches cost the verifier each path). */
-	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
+	__u32 n = lua_memo_frames(&m->h);
 	__u32 c = w->memo.c;
 	for (int i = 0; i < LJ_MEMO_SKIP; i++) {
 		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].pos <= w->frame)
@@ -171,18 +171,11 @@ __noinline int lj_memo_take(struct lua_work *w)
 	 * there saved (the step's C frame loop would move to the previous C frame). */
 	__u32 last = (w->memo.c + run - 1) & (LUA_MEMO_FRAMES - 1);
 	struct lj_memo_frame *e = &m->fr[last];
-	if (w->nres_of != w->cf) {
-		w->nres_of = w->cf;
-		w->nres = (__s32)rd32(w->cf + w->cfg.cf_nres);
-	}
-	if (w->nres < 0 && e->pos < w->stack + (__u64)(-(__s64)w->nres))
+	if (lj_below_cframe(w, e->pos))
 		return 0;
-	w->memo.used = 1;
-	w->memo.at = w->n;
-	w->memo.seq = m->h.seq;
-	w->n += run;
+	w->n = lua_memo_taken(&w->memo, &m->h, w->n);
 	w->frame = e->next;
-	w->pc = w->cfg.gc64 ? e->link : (__u32)e->link;
+	w->pc = lj_caller_pc(w, e->link, 0);
 	/* The record before w->out is not the last frame's: lua_emit must not copy it for a
 	 * recursion (last_func). */
 	w->last_func = 0;
@@ -207,7 +200,7 @@ __noinline int lj_memo_run(struct lua_work *w)
 	if (!m)
 		return 0;
 	__u32 c = w->memo.c & (LUA_MEMO_FRAMES - 1);
-	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
+	__u32 n = lua_memo_frames(&m->h);
 	/* The slots from the lowest frame's function (GC32: its slot) to the first's link. */
 	__u64 top = m->fr[c].pos + 8;
 	__u64 low = m->fr[(n - 1) & (LUA_MEMO_FRAMES - 1)].pos - 8;
@@ -233,14 +226,11 @@ __noinline int lj_memo_run(struct lua_work *w)
 		__u64 off = e->pos - low;
 		if (e->pos < low + 8 || off + 8 > span)
 			break;
-		__u64 slot = *(__u64 *)&m->stk[off & (LJ_MEMO_STACK - 1)];
-		if (gc64) {
-			__u64 func = *(__u64 *)&m->stk[(off - 8) & (LJ_MEMO_STACK - 1)];
-			if (slot != e->link || (func & LJ_GCVMASK) != e->func)
-				break;
-		} else if ((__u32)slot != e->func || (__u64)(__s64)(__s32)(slot >> 32) != e->link) {
+		__u64 func, link;
+		lj_frame_words(gc64, *(__u64 *)&m->stk[off & (LJ_MEMO_STACK - 1)],
+			       *(__u64 *)&m->stk[(off - 8) & (LJ_MEMO_STACK - 1)], &func, &link);
+		if (func != e->func || link != e->link)
 			break;
-		}
 		run++;
 	}
 	w->memo.run = run;

@@ -29,18 +29,27 @@ static __always_inline __u64 lj_stack_word(struct lua_work *w, __u64 addr)
 	return *(__u64 *)&w->win.buf[off & (WINDOW - 1)];
 }
 
-/* The function and the link of the frame at w->frame. */
-static __always_inline void lj_frame(struct lua_work *w, __u64 *func, __u64 *link)
+/* The function and the link of a frame from its slot's word (GC64: the link) and, GC64,
+ * the word below it (the function). */
+static __always_inline void lj_frame_words(__u64 gc64, __u64 slot, __u64 below, __u64 *func,
+					   __u64 *link)
 {
-	if (w->cfg.gc64) {
-		/* The link first: a new window ends right above it, the function below. */
-		*link = lj_stack_word(w, w->frame);
-		*func = lj_stack_word(w, w->frame - 8) & LJ_GCVMASK;
+	if (gc64) {
+		*link = slot;
+		*func = below & LJ_GCVMASK;
 	} else {
-		__u64 slot = lj_stack_word(w, w->frame);
 		*func = (__u32)slot;
 		*link = (__u64)(__s64)(__s32)(slot >> 32);
 	}
+}
+
+/* The function and the link of the frame at w->frame. */
+static __always_inline void lj_frame(struct lua_work *w, __u64 *func, __u64 *link)
+{
+	/* The link first: a new window ends right above it, the function below. */
+	__u64 slot = lj_stack_word(w, w->frame);
+	lj_frame_words(w->cfg.gc64, slot, w->cfg.gc64 ? lj_stack_word(w, w->frame - 8) : 0,
+		       func, link);
 }
 
 /* A GCRef or MRef is 64 bits in GC64 builds, 32 bits otherwise: its size, and one read. */

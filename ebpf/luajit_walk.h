@@ -144,12 +144,7 @@ static long lua_step(__u64 i, void *unused)
 	/* C frames without a Lua frame of their own (cpcall: lua_load, the trace
 	 * recorder) end below the stack top they saved. */
 	for (int k = 0; k < 4; k++) {
-		/* The C frame's saved nres, read once per C frame. */
-		if (w->nres_of != w->cf) {
-			w->nres_of = w->cf;
-			w->nres = (__s32)rd32(w->cf + c->cf_nres);
-		}
-		if (w->nres >= 0 || w->frame >= w->stack + (__u64)(-(__s64)w->nres))
+		if (!lj_below_cframe(w, w->frame))
 			break;
 		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
 		if (!prev)

@@ -142,7 +142,6 @@ struct lua_work {
 	__u64 known_pt;
 	/* The memo of full walks (luajit_memo.h). */
 	struct lua_memo_state memo;
-	__u64 memo_l, memo_stack; /* the state whose frames are noted */
 };
 
 

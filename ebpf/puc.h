@@ -83,11 +83,7 @@ static long puc_step(__u64 i, void *unused)
 	}
 	__u64 func = PUC_U64(cib, PUC_CI, c->ci_func);
 	__u64 savedpc = PUC_U64(cib, PUC_CI, c->ci_savedpc);
-	__u32 status = PUC_U32(cib, PUC_CI, c->ci_callstatus);
-	if (c->callstatus_size == 1)
-		status &= 0xff;
-	else if (c->callstatus_size == 2)
-		status &= 0xffff;
+	__u32 status = puc_ci_status(c, cib);
 	if (!puc_user_ptr(func)) {
 		w->flags |= LREC_LUA_BROKEN;
 		return 1;
@@ -99,7 +95,7 @@ static long puc_step(__u64 i, void *unused)
 		return 1;
 	}
 	__u64 v = *(__u64 *)&w->tv[0];
-	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
+	__u32 tt = PUC_TT(w->tv);
 	/* A Lua function's proto; 5.1's closures say in isC whether they are C's (one read
 	 * from the header to p). Below the innermost frame of a 5.2+ thread, savedpc is the
 	 * return point of the call the frame made (saved before every call), in its own

@@ -127,7 +127,7 @@ static __always_inline __u64 puc_resumed(struct puc_work *w, __u64 l)
 	__u64 func = rd64(ci + c->ci_func);
 	if (!puc_user_ptr(func) || bpf_probe_read_user(w->tv, 32, (void *)func))
 		return 0;
-	__u32 tt = *(__u32 *)&w->tv[8] & 0xff;
+	__u32 tt = PUC_TT(w->tv);
 	if (c->version == 501) {
 		/* One function tag: Closure.isC tells. */
 		if (tt != c->tag_lcl || !(rd32(*(__u64 *)&w->tv[0] + c->cl_isc) & 0xff))
@@ -141,7 +141,7 @@ static __always_inline __u64 puc_resumed(struct puc_work *w, __u64 l)
 	else if (tt == c->tag_ccl || c->version == 501) {
 		__u64 cl = *(__u64 *)&w->tv[0];
 		if (!bpf_probe_read_user(w->tv, 16, (void *)(cl + c->ccl_upvalue)) &&
-		    (*(__u32 *)&w->tv[8] & 0xff) == c->tag_thread)
+		    PUC_TT(w->tv) == c->tag_thread)
 			co = *(__u64 *)&w->tv[0];
 	}
 	if (!co || co == l || !puc_read_state(w, co))

@@ -77,7 +77,7 @@ static __always_inline void puc_memo_note(struct puc_work *w, __u64 func, __u64 
 	e->previous = previous;
 	e->status = status;
 	e->v = *(__u64 *)&w->tv[0];
-	e->tt = *(__u32 *)&w->tv[8] & 0xff;
+	e->tt = PUC_TT(w->tv);
 	e->ok = ok ? LUA_MEMO_OK : 0;
 	if (ok && i) {
 		struct puc_memo_frame *up = &m->fr[(i - 1) & (LUA_MEMO_FRAMES - 1)];
@@ -100,7 +100,7 @@ __noinline int puc_memo_match(struct puc_work *w)
 	struct puc_memo *m = puc_memo_get(w, w->memo.active);
 	if (!m)
 		return 0;
-	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
+	__u32 n = lua_memo_frames(&m->h);
 	__u32 c = w->n > 8 ? w->n - 8 : 0;
 	for (int i = 0; i < 16; i++, c++) {
 		if (c >= n)
@@ -131,7 +131,7 @@ __noinline int puc_memo_run(struct puc_work *w)
 		return 0;
 	struct lrec_puc_config *c = &w->cfg;
 	__u32 first = w->memo.c & (LUA_MEMO_FRAMES - 1);
-	__u32 n = m->h.n < LUA_MEMO_FRAMES ? m->h.n : LUA_MEMO_FRAMES;
+	__u32 n = lua_memo_frames(&m->h);
 	/* The function slots of the frames below lie lower in the thread's stack. */
 	__u64 top = m->fr[first].func + 16;
 	__u64 low = m->fr[(n - 1) & (LUA_MEMO_FRAMES - 1)].func;
@@ -155,11 +155,7 @@ __noinline int puc_memo_run(struct puc_work *w)
 		__u8 *cib = window_piece(&w->ciw, window_at(&w->ciw, e->ci, size, 0));
 		if (!cib)
 			break;
-		__u32 status = PUC_U32(cib, PUC_CI, c->ci_callstatus);
-		if (c->callstatus_size == 1)
-			status &= 0xff;
-		else if (c->callstatus_size == 2)
-			status &= 0xffff;
+		__u32 status = puc_ci_status(c, cib);
 		if (PUC_U64(cib, PUC_CI, c->ci_func) != e->func ||
 		    PUC_U64(cib, PUC_CI, c->ci_savedpc) != e->savedpc ||
 		    PUC_U64(cib, PUC_CI, c->ci_previous) != e->previous || status != e->status)
@@ -168,7 +164,7 @@ __noinline int puc_memo_run(struct puc_work *w)
 		if (e->func < low || off + 16 > span)
 			break;
 		__u8 *tv = &m->stk[off & (PUC_MEMO_STACK - 1)];
-		if (*(__u64 *)&tv[0] != e->v || (*(__u32 *)&tv[8] & 0xff) != e->tt)
+		if (*(__u64 *)&tv[0] != e->v || PUC_TT(tv) != e->tt)
 			break;
 		run++;
 	}
@@ -188,10 +184,7 @@ __noinline int puc_memo_take(struct puc_work *w)
 	if (!run || !m)
 		return 0;
 	__u32 last = (w->memo.c + run - 1) & (LUA_MEMO_FRAMES - 1);
-	w->memo.used = 1;
-	w->memo.at = w->n;
-	w->memo.seq = m->h.seq;
-	w->n += run;
+	w->n = lua_memo_taken(&w->memo, &m->h, w->n);
 	w->ci = m->fr[last].previous;
 	w->prev_lua = 1;
 	w->last_func = 0;

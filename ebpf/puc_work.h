@@ -105,5 +105,18 @@ static __always_inline struct puc_work *puc_work(void)
 #define PUC_U64(buf, size, off) (*(__u64 *)&(buf)[(off) & ((size) - 1)])
 #define PUC_U32(buf, size, off) (*(__u32 *)&(buf)[(off) & ((size) - 1)])
 #define PUC_U8(buf, size, off) ((buf)[(off) & ((size) - 1)])
+/* The type tag of the TValue at tv (its tt_ byte). */
+#define PUC_TT(tv) (*(__u32 *)&(tv)[8] & 0xff)
+
+/* A CallInfo's callstatus (at cib), to its size in this build. */
+static __always_inline __u32 puc_ci_status(struct lrec_puc_config *c, __u8 *cib)
+{
+	__u32 status = PUC_U32(cib, PUC_CI, c->ci_callstatus);
+	if (c->callstatus_size == 1)
+		status &= 0xff;
+	else if (c->callstatus_size == 2)
+		status &= 0xffff;
+	return status;
+}
 
 #endif
