@@ -201,6 +201,7 @@ def measure(label, command, args, tmp):
     perf_above = cost["perf"] - cost["floor"]
     lrec_above = cost["lrec"] - cost["lrec-floor"]
     nan = float("nan")
+    paired = paired_ratios(cpl, rates, per_s)
     print(
         f"{label:<20} {cost['floor']:6.2f} {cost['perf']:6.2f} {perf_above:6.2f} "
         f"{cost['lrec-floor']:6.2f} {cost['lrec']:6.2f} {lrec_above:6.2f} "
@@ -209,9 +210,28 @@ def measure(label, command, args, tmp):
         f"{statistics.median(bpf) if bpf else nan:6.2f} "
         f"{statistics.median(per_s['lrec']):7.0f} {statistics.median(per_s['perf']):7.0f} "
         f"{statistics.median(per_s['floor']):7.0f} "
-        f"{statistics.median(own['lrec']):6.2f} {statistics.median(own['perf']):6.2f}",
+        f"{statistics.median(own['lrec']):6.2f} {statistics.median(own['perf']):6.2f} "
+        f"{statistics.median(paired) if paired else nan:6.2f}",
         flush=True,
     )
+    print(f"{'':<20} paired ratios by round: {' '.join(f'{r:.2f}' for r in paired)}", flush=True)
+
+
+def paired_ratios(cpl, rates, per_s):
+    """lrec's cost above its floor over perf's, from each round's own five windows (the
+    machine's speed drifts over minutes: a round's windows lie within half a minute of one
+    another). Rounds where perf's cost above its floor is not positive are left out."""
+    out = []
+    for r in range(len(cpl["bare"])):
+        c0 = cpl["bare"][r]
+        cost = {}
+        for mode in MODES[1:]:
+            extra = cpl[mode][r] - c0
+            cost[mode] = extra * rates[mode][r] / per_s[mode][r] / 1e3
+        perf_above = cost["perf"] - cost["floor"]
+        if perf_above > 0:
+            out.append((cost["lrec"] - cost["lrec-floor"]) / perf_above)
+    return out
 
 
 def main():
@@ -239,13 +259,14 @@ def main():
         "p-floor: perf record without call graphs; l-floor: lrec recording an idle process "
         "(its interrupt and the sampler's first check);\nabove: over each one's floor; "
         "ratio: lrec's above over perf's; total: lrec over perf dwarf, floors included; "
-        "own: the profiler's own CPU; floor/s: perf's floor's ticks per second, lrec's floor's too"
+        "own: the profiler's own CPU; floor/s: perf's floor's ticks per second, lrec's floor's too;\n"
+        "paired: the median over rounds of the ratio from each round's own windows"
     )
     print(
         f"{'target':<20} {'p-floor':>6} {'perf':>6} {'above':>6} {'l-floor':>6} {'lrec':>6} "
         f"{'above':>6} {'ratio':>6} {'total':>6} {'BPF':>6} {'lrec/s':>7} {'perf/s':>7} "
         f"{'floor/s':>7} "
-        f"{'lown':>6} {'pown':>6}"
+        f"{'lown':>6} {'pown':>6} {'paired':>6}"
     )
     try:
         with tempfile.TemporaryDirectory(prefix="lrec-cost-") as tmp:
