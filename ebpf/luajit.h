@@ -135,7 +135,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 		/* The innermost C frame is an FFI callback's whose Lua frame is not (or no
 		 * longer) on the stack: the frames there are its caller's, which run in the
 		 * previous C frame. */
-		__u64 prev = rd64(cf0 + w->cfg.cf_prev) & ~3ULL;
+		__u64 prev = lj_cstack(w, cf0 + w->cfg.cf_prev, 8) & ~3ULL;
 		if (prev) {
 			w->cf = prev;
 			w->cf_last = prev;

@@ -46,7 +46,7 @@ static long lua_scan_slot(__u64 i, void *unused)
 	if (!in_vm(w, v))
 		return 0;
 	__u64 cf = w->sp + i * 8 + 8;
-	__u64 l = rdref(w, cf + w->cfg.cf_l);
+	__u64 l = lj_cstack(w, cf + w->cfg.cf_l, lj_refsize(w));
 	if (!l)
 		return 0;
 	return lua_try(w, rdref(w, l + w->cfg.l_glref));

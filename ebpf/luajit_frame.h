@@ -10,7 +10,7 @@
 /* The PC saved in a C frame (where the VM left its Lua code for C). */
 static __always_inline __u64 cframe_pc(struct lua_work *w, __u64 cf)
 {
-	return rdref(w, cf + w->cfg.cf_pc);
+	return lj_cstack(w, cf + w->cfg.cf_pc, lj_refsize(w));
 }
 
 /* Starts walking state l (whose stack begins at `stack`) from base, the first frame's PC
@@ -35,7 +35,7 @@ static __always_inline int lua_parent(struct lua_work *w)
 	if (!w->cf_last)
 		return 0;
 	__u64 pcf = w->cf_last + w->cfg.cf_size;
-	__u64 pl = rdref(w, pcf + w->cfg.cf_l);
+	__u64 pl = lj_cstack(w, pcf + w->cfg.cf_l, lj_refsize(w));
 	if (!pl || pl == w->l || lj_state(w, pl, w->cfg.l_glref, 1) != w->g)
 		return 0;
 	if ((lj_state(w, pl, w->cfg.l_cframe, 0) & ~3ULL) != pcf)
@@ -136,7 +136,7 @@ static __always_inline int lj_below_cframe(struct lua_work *w, __u64 pos)
 {
 	if (w->nres_of != w->cf) {
 		w->nres_of = w->cf;
-		w->nres = (__s32)rd32(w->cf + w->cfg.cf_nres);
+		w->nres = (__s32)lj_cstack(w, w->cf + w->cfg.cf_nres, 4);
 	}
 	return w->nres < 0 && pos < w->stack + (__u64)(-(__s64)w->nres);
 }

@@ -155,10 +155,9 @@ __noinline int lj_memo_match(struct lua_work *w)
 
 /* Takes the run of w->memo.run remembered frames from w->memo.c (lj_memo_run): they stand
  * at the walk's frame w->n, named by the memo's sequence number and not sent (lrec has
- * their records), and the walk moves to the caller of the last one as the step that left
- * that frame would have (the caller then read in full: no call site is taken on). A
- * global function: the verifier checks it once, not after each way out of lj_memo_run's
- * loop. */
+ * their records), and the walk stands at the last one's slot with its caller's PC, to be
+ * left as the step that emitted it would (lj_to_caller). 1 when taken. A global
+ * function: the verifier checks it once, not after each way out of lj_memo_run's loop. */
 __noinline int lj_memo_take(struct lua_work *w)
 {
 	if (!w)
@@ -174,7 +173,7 @@ __noinline int lj_memo_take(struct lua_work *w)
 	if (lj_below_cframe(w, e->pos))
 		return 0;
 	w->n = lua_memo_taken(&w->memo, &m->h, w->n);
-	w->frame = e->next;
+	w->frame = e->pos;
 	w->pc = lj_caller_pc(w, e->link, 0);
 	/* The record before w->out is not the last frame's: lua_emit must not copy it for a
 	 * recursion (last_func). */
@@ -185,7 +184,7 @@ __noinline int lj_memo_take(struct lua_work *w)
 	w->site_check = 0;
 	w->site_fill = 0;
 	w->known_func = 0;
-	return 0;
+	return 1;
 }
 
 /* The run of the memo's frames from the one lj_memo_match found (w->memo.c): each frame

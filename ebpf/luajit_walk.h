@@ -120,7 +120,10 @@ static long lua_step(__u64 i, void *unused)
 	/* Frames the last full walk emitted, taken where unchanged (luajit_memo.h). */
 	if (w->memo.try && lj_memo_match(w)) {
 		lj_memo_run(w);
-		lj_memo_take(w);
+		/* The last frame taken is left as its step would: to its caller, located by its
+		 * call's A (the memo's next) and named by the call site when one is proved. */
+		if (lj_memo_take(w))
+			lj_to_caller(w);
 		return 0;
 	}
 	if (w->site_check && lj_site_step(w))
@@ -146,7 +149,7 @@ static long lua_step(__u64 i, void *unused)
 	for (int k = 0; k < 4; k++) {
 		if (!lj_below_cframe(w, w->frame))
 			break;
-		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
+		__u64 prev = lj_cstack(w, w->cf + c->cf_prev, 8) & ~3ULL;
 		if (!prev)
 			break;
 		w->cf = prev;
@@ -210,7 +213,7 @@ static long lua_step(__u64 i, void *unused)
 	if (c_entry) {
 		/* Called from C through lua_call/lua_pcall/lua_resume or an FFI callback: the
 		 * frames below run in the previous C frame of the VM. */
-		__u64 prev = rd64(w->cf + c->cf_prev) & ~3ULL;
+		__u64 prev = lj_cstack(w, w->cf + c->cf_prev, 8) & ~3ULL;
 		if (prev) {
 			w->cf = prev;
 			w->cf_last = prev;
