@@ -12,9 +12,19 @@
 
 /* Frames remembered, the innermost first: a deeper stack's are walked below them. */
 #define LUA_MEMO_FRAMES 256
-/* Frames walked before the memo is given up for this sample: it matches within the first
- * few (the innermost frames, which moved, lie above). */
-#define LUA_MEMO_TRIES 16
+/* Tries at matching the memo before it is given up for this sample: the walk tries each
+ * frame from the memo's innermost frame's slot down (a shallower walk than the memo's
+ * meets the memo's frames in the middle), and frames whose words moved lie above the ones
+ * that match. */
+#define LUA_MEMO_TRIES 64
+/* A walk that emitted more frames than these before it reached the memo's innermost
+ * frame's slot (besides a trace's inlined ones) is deeper than the memo's: it does not
+ * try it, and walked in full it makes the deeper memo that the next samples, as deep or
+ * shallower, take from. */
+#define LUA_MEMO_ABOVE 2
+/* Frames of the memo passed over in one try, looking for the walk's slot: the memo's
+ * frames lie down the stack, innermost first, as the walk's do. */
+#define LUA_MEMO_SKIP 8
 
 /* A memo frame's flags: a Lua function's frame named by its PC (which lay in its code;
  * not a trace's), */
@@ -28,12 +38,15 @@
  * whether it notes (the count of freed protos is known) and tries the memo (within
  * LUA_MEMO_TRIES frames), the memo's frame it reached (c) and the run matching from there,
  * whether it took them (used: at its frame `at`, from memo `seq`) or made a memo (made);
- * the state whose frames are noted (l; LuaJIT: its stack `base`, PUC: its thread `t`). */
+ * the state whose frames are noted (l; LuaJIT: its stack `base`, PUC: its thread `t`), the
+ * slot of the memo's innermost frame (top: a frame above it is not tried), the tries made
+ * and the frames emitted before the walk's own (from: a trace's inlined frames). */
 struct lua_memo_state {
-	__u32 active, n, note, pad;
+	__u32 active, n, note, tries;
 	__u32 try, used, c, run;
 	__u32 first, at, made, t;
-	__u64 seq, seq_next, l, base;
+	__u32 from, pad;
+	__u64 seq, seq_next, l, base, top;
 };
 
 /* What a memo was made in (the process, generation, VM state, its stack (LuaJIT) or its
@@ -59,6 +72,17 @@ struct {
 	__type(value, struct lua_memo_blob);
 } lua_memos SEC(".maps");
 
+/* Counts a try at matching the memo at the walk's frame n, the first one below the memo's
+ * innermost frame's slot or one below; 0 when the memo is given up (LUA_MEMO_ABOVE, LUA_MEMO_TRIES). */
+static __always_inline int lua_memo_try(struct lua_memo_state *s, __u32 n)
+{
+	if ((!s->tries && n - s->from > LUA_MEMO_ABOVE) || ++s->tries > LUA_MEMO_TRIES) {
+		s->try = 0;
+		return 0;
+	}
+	return 1;
+}
+
 /* CPU cpu's memo `which` (0 or 1) of VM vm (LUA_VM_*). */
 static __always_inline void *lua_memo_get(__u32 cpu, __u32 vm, __u32 which)
 {
@@ -77,6 +101,9 @@ static __always_inline void lua_memo_begin(struct lua_memo_state *s, struct lua_
 	s->used = 0;
 	s->made = 0;
 	s->c = 0;
+	s->tries = 0;
+	s->top = 0;
+	s->from = 0;
 	s->note = notes && frees != LUA_FREES_UNCOUNTED;
 	s->l = l;
 	s->base = base;

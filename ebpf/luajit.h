@@ -147,6 +147,7 @@ static __always_inline __u32 lua_stack(struct sample_buf *b, struct lrec_regs *r
 	if (trace)
 		/* The functions inlined into the trace; the walk goes on from its start frame. */
 		lua_trace(w, r->ip, vmstate);
+	w->memo.from = w->n;
 	bpf_loop(LREC_LUA_MAX_STEPS, lua_step, NULL, 0);
 	lj_memo_end(w);
 	return lua_stack_end(b, w, offset, l0, cf0, vmstate);

@@ -24,8 +24,6 @@
 #include "luajit_frame.h"
 #include "lua_memo.h"
 
-/* Frames of the memo passed over in one step of the walk, looking for its slot. */
-#define LJ_MEMO_SKIP 8
 /* The most of the stack a run spans (its frames' slots, read at once). */
 #define LJ_MEMO_STACK 16384
 
@@ -67,6 +65,8 @@ static __always_inline void lj_memo_start(struct lua_work *w)
 	struct lj_memo *m = lj_memo_get(w, w->memo.active);
 	lua_memo_begin(&w->memo, m ? &m->h : NULL, w->tgid, w->gen, w->frees, w->audit, w->l,
 		       w->stack, 1);
+	if (w->memo.try && m)
+		w->memo.top = m->fr[0].pos;
 }
 
 /* Remembers the frame the step just emitted (the record before w->out, the walk's frame
@@ -124,7 +124,7 @@ __noinline int lj_memo_match(struct lua_work *w)
 {
 	if (!w || w->jit_start)
 		return 0;
-	if (w->n >= LUA_MEMO_TRIES || w->l != w->memo.l) {
+	if (!lua_memo_try(&w->memo, w->n) || w->l != w->memo.l) {
 		w->memo.try = 0;
 		return 0;
 	}
@@ -135,7 +135,7 @@ __noinline int lj_memo_match(struct lua_work *w)
 	 * few a step (a binary search's branches cost the verifier each path). */
 	__u32 n = lua_memo_frames(&m->h);
 	__u32 c = w->memo.c;
-	for (int i = 0; i < LJ_MEMO_SKIP; i++) {
+	for (int i = 0; i < LUA_MEMO_SKIP; i++) {
 		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].pos <= w->frame)
 			break;
 		c++;

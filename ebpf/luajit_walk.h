@@ -118,7 +118,7 @@ static long lua_step(__u64 i, void *unused)
 	}
 	struct lrec_lua_config *c = &w->cfg;
 	/* Frames the last full walk emitted, taken where unchanged (luajit_memo.h). */
-	if (w->memo.try && lj_memo_match(w)) {
+	if (w->memo.try && w->frame <= w->memo.top && lj_memo_match(w)) {
 		lj_memo_run(w);
 		/* The last frame taken is left as its step would: to its caller, located by its
 		 * call's A (the memo's next) and named by the call site when one is proved. */

@@ -63,12 +63,6 @@ static long puc_step(__u64 i, void *unused)
 		w->flags |= LREC_LUA_TRUNCATED;
 		return 1;
 	}
-	/* Frames the last full walk emitted, taken where unchanged (puc_memo.h). */
-	if (w->memo.try && puc_memo_match(w)) {
-		puc_memo_run(w);
-		puc_memo_take(w);
-		return 0;
-	}
 	/* The CallInfo's fields are read where the window holds it (copying it out first
 	 * cost 15 % of a 200-frame walk), else from a read of it alone. */
 	int off = window_at(&w->ciw, w->ci, c->ci_size & (PUC_CI - 1),
@@ -87,6 +81,12 @@ static long puc_step(__u64 i, void *unused)
 	if (!puc_user_ptr(func)) {
 		w->flags |= LREC_LUA_BROKEN;
 		return 1;
+	}
+	/* Frames the last full walk emitted, taken where unchanged (puc_memo.h). */
+	if (w->memo.try && func <= w->memo.top && puc_memo_match(w, func)) {
+		puc_memo_run(w);
+		puc_memo_take(w);
+		return 0;
 	}
 	off = window_at(&w->stw, func, 16, 0);
 	if (!window_copy(&w->stw, off, (__u64 *)w->tv, 2) &&

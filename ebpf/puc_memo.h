@@ -51,6 +51,8 @@ static __always_inline void puc_memo_start(struct puc_work *w)
 	lua_memo_begin(&w->memo, m ? &m->h : NULL, w->tgid, w->gen, w->frees, w->audit,
 		       w->threads[w->t & (LREC_PUC_MAX_THREADS - 1)], w->bottom,
 		       w->cfg.version != 501);
+	if (w->memo.try && m)
+		w->memo.top = m->fr[0].func;
 }
 
 /* Remembers the frame the step just emitted (the walk's frame w->n - 1) from CallInfo
@@ -86,14 +88,15 @@ static __always_inline void puc_memo_note(struct puc_work *w, __u64 func, __u64 
 	}
 }
 
-/* Whether CallInfo w->ci, about to be walked, is one the memo in use holds a Lua frame of
- * (w->memo.c): near the same depth, as a deep stack's callers are from one sample to the
- * next. A global function: the verifier checks it once. */
-__noinline int puc_memo_match(struct puc_work *w)
+/* Whether CallInfo w->ci, about to be walked, with function slot func, is one the memo in
+ * use holds a Lua frame of at that slot (w->memo.c). The function slots go down the
+ * thread's stack with the frames: memo.c follows the walk down the memo's, a few a try. A
+ * global function: the verifier checks it once. */
+__noinline int puc_memo_match(struct puc_work *w, __u64 func)
 {
 	if (!w)
 		return 0;
-	if (w->n >= LUA_MEMO_TRIES || w->t != w->memo.t) {
+	if (!lua_memo_try(&w->memo, w->n) || w->t != w->memo.t) {
 		w->memo.try = 0;
 		return 0;
 	}
@@ -101,21 +104,23 @@ __noinline int puc_memo_match(struct puc_work *w)
 	if (!m)
 		return 0;
 	__u32 n = lua_memo_frames(&m->h);
-	__u32 c = w->n > 8 ? w->n - 8 : 0;
-	for (int i = 0; i < 16; i++, c++) {
-		if (c >= n)
-			return 0;
-		struct puc_memo_frame *e = &m->fr[c & (LUA_MEMO_FRAMES - 1)];
-		if (e->ci == w->ci) {
-			if (!(e->ok & LUA_MEMO_OK))
-				return 0;
-			w->memo.c = c;
-			w->memo.run = 0;
-			w->memo.try = 0;
-			return 1;
-		}
+	__u32 c = w->memo.c;
+	for (int i = 0; i < LUA_MEMO_SKIP; i++) {
+		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].func <= func)
+			break;
+		c++;
 	}
-	return 0;
+	w->memo.c = c;
+	if (c >= n) {
+		w->memo.try = 0;
+		return 0;
+	}
+	struct puc_memo_frame *e = &m->fr[c & (LUA_MEMO_FRAMES - 1)];
+	if (e->func != func || e->ci != w->ci || !(e->ok & LUA_MEMO_OK))
+		return 0;
+	w->memo.run = 0;
+	w->memo.try = 0;
+	return 1;
 }
 
 /* The run of the memo's frames from w->memo.c whose CallInfos and function slots hold what
