@@ -149,24 +149,52 @@ fn strip_removes_the_secret_and_keeps_every_stack() {
         );
     }
 
-    // --time keeps the samples of its window: about a second of a 2 s run.
-    let all: u64 = parse_folded(&lanalyze_text(&[shared.as_ref(), "--folded".as_ref()]))
+    // --time keeps the samples of its window, [FROM, TO) after recording started: of the
+    // stripped capture, exactly those the raw one holds there (not half of a 2 s run: lrec
+    // starts recording before the target runs, later on a loaded machine; 789 of 1997 once),
+    // and the windows before, in and after it hold every sample once.
+    let count = |time: Option<&str>| -> u64 {
+        let mut a: Vec<&std::ffi::OsStr> = vec![shared.as_ref(), "--folded".as_ref()];
+        if let Some(t) = time {
+            a.push("--time".as_ref());
+            a.push(t.as_ref());
+        }
+        parse_folded(&lanalyze_text(&a)).iter().map(|s| s.1).sum()
+    };
+    let (records, _) = lrec_format::Capture::open(&raw).unwrap().read_all();
+    let start = records
         .iter()
-        .map(|s| s.1)
-        .sum();
-    let window: u64 = parse_folded(&lanalyze_text(&[
-        shared.as_ref(),
-        "--folded".as_ref(),
-        "--time".as_ref(),
-        "0.5..1.5".as_ref(),
-    ]))
-    .iter()
-    .map(|s| s.1)
-    .sum();
-    eprintln!("--time 0.5..1.5: {window} of {all} samples");
-    assert!(
-        (window as f64) > 0.4 * all as f64 && (window as f64) < 0.6 * all as f64,
-        "--time 0.5..1.5 kept {window} of {all} samples of a 2 s run"
+        .find_map(|r| match r {
+            lrec_format::Record::Header(h) => Some(h.monotonic_start_ns),
+            _ => None,
+        })
+        .expect("a header");
+    let truth = records
+        .iter()
+        .filter(|r| {
+            matches!(r, lrec_format::Record::Sample(s)
+                if (500_000_000..1_500_000_000).contains(&s.time_ns.saturating_sub(start)))
+        })
+        .count() as u64;
+    let all = count(None);
+    let (before, window, after) = (
+        count(Some("..0.5")),
+        count(Some("0.5..1.5")),
+        count(Some("1.5..")),
+    );
+    eprintln!(
+        "--time ..0.5 / 0.5..1.5 / 1.5..: {before} / {window} / {after} of {all} samples; \
+         the capture holds {truth} in 0.5..1.5"
+    );
+    assert!(window > 0, "--time 0.5..1.5 kept no sample of a 2 s run");
+    assert_eq!(
+        window, truth,
+        "--time 0.5..1.5 kept {window} samples, the capture holds {truth}"
+    );
+    assert_eq!(
+        before + window + after,
+        all,
+        "--time ..0.5, 0.5..1.5 and 1.5.. do not split the samples"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
