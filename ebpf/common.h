@@ -53,16 +53,23 @@ struct {
 	__type(value, struct sample_buf);
 } scratch SEC(".maps");
 
-/* Word i of the user stack copied into CPU cpu's scratch buffer, counting from sp: 1 with
- * the word in *v, 0 past the copy. The stack searches of the Lua walkers read it so. */
-static __always_inline int copied_stack_word(__u32 cpu, __u64 i, __u64 *v)
+/* The 8 bytes off bytes above sp of the user stack copied into CPU cpu's scratch buffer:
+ * 1 with them in *v, 0 past the copy. The same bytes a read of the stack gives, the thread
+ * being stopped in this interrupt; no read of the process's memory. */
+static __always_inline int copied_stack_at(__u32 cpu, __u64 off, __u64 *v)
 {
 	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &cpu);
-	__u64 off = i * 8;
 	if (!b || off + 8 > b->s.stack_len)
 		return 0;
-	*v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1) & ~7U];
+	*v = *(__u64 *)&b->data[off & (LREC_DATA_SIZE - 1)];
 	return 1;
+}
+
+/* Word i of the copied user stack, counting from sp (copied_stack_at). The stack searches
+ * of the Lua walkers read it so. */
+static __always_inline int copied_stack_word(__u32 cpu, __u64 i, __u64 *v)
+{
+	return copied_stack_at(cpu, i * 8, v);
 }
 
 /* Samples dropped because the ring buffer was full. */

@@ -35,8 +35,8 @@
 /* A walk's memo state (in lua_work and puc_work): which of this CPU's two memos is in use
  * and the last sequence number given (kept across samples); the frames this walk noted in
  * the other one (its frames `first` to `first + n - 1`),
- * whether it notes (the count of freed protos is known) and tries the memo (within
- * LUA_MEMO_TRIES frames), the memo's frame it reached (c) and the run matching from there,
+ * whether it notes (the count of freed protos is known) and tries the memo (lua_memo_try),
+ * the memo's frame it reached (c: lua_memo_seek) and the run matching from there,
  * whether it took them (used: at its frame `at`, from memo `seq`) or made a memo (made);
  * the state whose frames are noted (l; LuaJIT: its stack `base`, PUC: its thread `t`), the
  * slot of the memo's innermost frame (top: a frame above it is not tried), the tries made
@@ -80,6 +80,37 @@ static __always_inline int lua_memo_try(struct lua_memo_state *s, __u32 n)
 		s->try = 0;
 		return 0;
 	}
+	return 1;
+}
+
+/* Moves the cursor s->c down the memo's n frames (at fr, stride bytes each, a frame's slot
+ * at offset off in it) past those whose slot lies above the walk's, a few a try: the
+ * slots go down the stack with the frames, the memo's as the walk's (a binary search's
+ * branches would cost the verifier each path). 0 when every frame lies above: the memo is
+ * given up. */
+static __always_inline int lua_memo_seek(struct lua_memo_state *s, void *fr, __u32 stride,
+					 __u32 off, __u32 n, __u64 slot)
+{
+	__u32 c = s->c;
+	for (int i = 0; i < LUA_MEMO_SKIP; i++) {
+		if (c >= n || *(__u64 *)(fr + (c & (LUA_MEMO_FRAMES - 1)) * stride + off) <= slot)
+			break;
+		c++;
+	}
+	s->c = c;
+	if (c >= n) {
+		s->try = 0;
+		return 0;
+	}
+	return 1;
+}
+
+/* The memo's frame s->c matched the walk's: the run from it is found next, and the memo
+ * is not tried again in this walk. */
+static __always_inline int lua_memo_matched(struct lua_memo_state *s)
+{
+	s->run = 0;
+	s->try = 0;
 	return 1;
 }
 

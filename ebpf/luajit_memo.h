@@ -118,8 +118,8 @@ static __always_inline void lj_memo_next(struct lua_work *w)
 }
 
 /* Whether the frame at w->frame, about to be walked, is one the memo in use holds at the
- * same PC and C frame and left through its Lua link: lj_memo_run takes the run from it. A global function: the verifier checks it once, not in each
- * path of the step. */
+ * same PC and C frame and left through its Lua link: lj_memo_run takes the run from it.
+ * A global function: the verifier checks it once, not in each path of the step. */
 __noinline int lj_memo_match(struct lua_work *w)
 {
 	if (!w || w->jit_start)
@@ -131,26 +131,14 @@ __noinline int lj_memo_match(struct lua_work *w)
 	struct lj_memo *m = lj_memo_get(w, w->memo.active);
 	if (!m)
 		return 0;
-	/* The slots go down the stack with the frames: memo_c follows the walk down them, a
-	 * few a step (a binary search's branches cost the verifier each path). */
-	__u32 n = lua_memo_frames(&m->h);
-	__u32 c = w->memo.c;
-	for (int i = 0; i < LUA_MEMO_SKIP; i++) {
-		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].pos <= w->frame)
-			break;
-		c++;
-	}
-	w->memo.c = c;
-	if (c >= n) {
-		w->memo.try = 0;
+	if (!lua_memo_seek(&w->memo, m->fr, sizeof(m->fr[0]),
+			   __builtin_offsetof(struct lj_memo_frame, pos), lua_memo_frames(&m->h),
+			   w->frame))
 		return 0;
-	}
-	struct lj_memo_frame *e = &m->fr[c & (LUA_MEMO_FRAMES - 1)];
+	struct lj_memo_frame *e = &m->fr[w->memo.c & (LUA_MEMO_FRAMES - 1)];
 	if (e->pos != w->frame || e->pc != w->pc || e->cf != w->cf || !e->ok || !e->next)
 		return 0;
-	w->memo.run = 0;
-	w->memo.try = 0;
-	return 1;
+	return lua_memo_matched(&w->memo);
 }
 
 /* Takes the run of w->memo.run remembered frames from w->memo.c (lj_memo_run): they stand

@@ -20,17 +20,13 @@ static __always_inline __u32 rd32(__u64 addr)
 }
 
 /* A field of size bytes (8, or 4 read as unsigned) of one of the VM's C frames at addr,
- * from the sample's copy of the thread's stack when it lies there: the bytes a read
- * gives, the thread being stopped in this interrupt, for no read of the process's memory
- * (a read costs about 70 ns per sample here, a third of a frame's walk). */
+ * from the sample's copy of the thread's stack when it lies there (copied_stack_at), else
+ * read (a read costs about 70 ns per sample here, a third of a frame's walk). */
 static __always_inline __u64 lj_cstack(struct lua_work *w, __u64 addr, __u32 size)
 {
-	struct sample_buf *b = bpf_map_lookup_elem(&scratch, &w->cpu);
-	__u64 off = addr - w->sp;
-	if (b && addr >= w->sp && off + 8 <= b->s.stack_len) {
-		__u64 v = *(__u64 *)&b->data[off & (LREC_MAX_STACK - 1)];
+	__u64 v;
+	if (addr >= w->sp && copied_stack_at(w->cpu, addr - w->sp, &v))
 		return size == 8 ? v : (__u32)v;
-	}
 	return size == 8 ? rd64(addr) : rd32(addr);
 }
 

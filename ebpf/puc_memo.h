@@ -89,9 +89,8 @@ static __always_inline void puc_memo_note(struct puc_work *w, __u64 func, __u64 
 }
 
 /* Whether CallInfo w->ci, about to be walked, with function slot func, is one the memo in
- * use holds a Lua frame of at that slot (w->memo.c). The function slots go down the
- * thread's stack with the frames: memo.c follows the walk down the memo's, a few a try. A
- * global function: the verifier checks it once. */
+ * use holds a Lua frame of at that slot (w->memo.c, lua_memo_seek). A global function: the
+ * verifier checks it once. */
 __noinline int puc_memo_match(struct puc_work *w, __u64 func)
 {
 	if (!w)
@@ -103,24 +102,14 @@ __noinline int puc_memo_match(struct puc_work *w, __u64 func)
 	struct puc_memo *m = puc_memo_get(w, w->memo.active);
 	if (!m)
 		return 0;
-	__u32 n = lua_memo_frames(&m->h);
-	__u32 c = w->memo.c;
-	for (int i = 0; i < LUA_MEMO_SKIP; i++) {
-		if (c >= n || m->fr[c & (LUA_MEMO_FRAMES - 1)].func <= func)
-			break;
-		c++;
-	}
-	w->memo.c = c;
-	if (c >= n) {
-		w->memo.try = 0;
+	if (!lua_memo_seek(&w->memo, m->fr, sizeof(m->fr[0]),
+			   __builtin_offsetof(struct puc_memo_frame, func), lua_memo_frames(&m->h),
+			   func))
 		return 0;
-	}
-	struct puc_memo_frame *e = &m->fr[c & (LUA_MEMO_FRAMES - 1)];
+	struct puc_memo_frame *e = &m->fr[w->memo.c & (LUA_MEMO_FRAMES - 1)];
 	if (e->func != func || e->ci != w->ci || !(e->ok & LUA_MEMO_OK))
 		return 0;
-	w->memo.run = 0;
-	w->memo.try = 0;
-	return 1;
+	return lua_memo_matched(&w->memo);
 }
 
 /* The run of the memo's frames from w->memo.c whose CallInfos and function slots hold what

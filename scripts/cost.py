@@ -191,15 +191,8 @@ def measure(label, command, args, tmp):
     # skips the ticks it missed, and lrec's rate falls; at 40 kHz, 25 us, it does at 200
     # frames. Dividing the floor's extra time by lrec's lower rate overstated the floor.)
     per_s["lrec-floor"] = per_s["floor"]
-    # Per mode: the target's extra CPU time per line over bare, times lines per second,
-    # over samples per second: the CPU time one sample costs the target (us).
-    c0 = statistics.median(cpl["bare"])
-    cost = {}
-    for mode in MODES[1:]:
-        extra = statistics.median(cpl[mode]) - c0
-        cost[mode] = extra * statistics.median(rates[mode]) / statistics.median(per_s[mode]) / 1e3
-    perf_above = cost["perf"] - cost["floor"]
-    lrec_above = cost["lrec"] - cost["lrec-floor"]
+    cost = costs(cpl, rates, per_s, statistics.median)
+    perf_above, lrec_above = above(cost)
     nan = float("nan")
     paired = paired_ratios(cpl, rates, per_s)
     print(
@@ -217,20 +210,31 @@ def measure(label, command, args, tmp):
     print(f"{'':<20} paired ratios by round: {' '.join(f'{r:.2f}' for r in paired)}", flush=True)
 
 
+def costs(cpl, rates, per_s, pick):
+    """Per mode: the target's extra CPU time per line over bare, times lines per second,
+    over samples per second: the CPU time one sample costs the target (us), from the value
+    pick takes of each mode's rounds (their median, or one round's)."""
+    c0 = pick(cpl["bare"])
+    return {
+        mode: (pick(cpl[mode]) - c0) * pick(rates[mode]) / pick(per_s[mode]) / 1e3
+        for mode in MODES[1:]
+    }
+
+
+def above(cost):
+    """perf's and lrec's cost above each one's own floor."""
+    return cost["perf"] - cost["floor"], cost["lrec"] - cost["lrec-floor"]
+
+
 def paired_ratios(cpl, rates, per_s):
     """lrec's cost above its floor over perf's, from each round's own five windows (the
     machine's speed drifts over minutes: a round's windows lie within half a minute of one
     another). Rounds where perf's cost above its floor is not positive are left out."""
     out = []
     for r in range(len(cpl["bare"])):
-        c0 = cpl["bare"][r]
-        cost = {}
-        for mode in MODES[1:]:
-            extra = cpl[mode][r] - c0
-            cost[mode] = extra * rates[mode][r] / per_s[mode][r] / 1e3
-        perf_above = cost["perf"] - cost["floor"]
+        perf_above, lrec_above = above(costs(cpl, rates, per_s, lambda xs: xs[r]))
         if perf_above > 0:
-            out.append((cost["lrec"] - cost["lrec-floor"]) / perf_above)
+            out.append(lrec_above / perf_above)
     return out
 
 

@@ -296,6 +296,8 @@ pub struct Contents {
     /// Times of the first and last sample (`u64::MAX` and 0 without samples).
     pub first_ns: u64,
     pub last_ns: u64,
+    /// Each sample's time after recording started (the header's clock), in record order.
+    pub offsets_ns: Vec<u64>,
     /// The end record's reason.
     pub end: Option<String>,
     pub warnings: Vec<String>,
@@ -316,12 +318,16 @@ pub fn contents(path: &Path) -> Contents {
         lost: 0,
         first_ns: u64::MAX,
         last_ns: 0,
+        offsets_ns: Vec::new(),
         end: None,
         warnings: warnings.iter().map(|w| w.to_string()).collect(),
     };
+    let mut start_ns = 0;
     for r in records {
         match r {
+            lrec_format::Record::Header(h) => start_ns = h.monotonic_start_ns,
             lrec_format::Record::Sample(s) => {
+                c.offsets_ns.push(s.time_ns.saturating_sub(start_ns));
                 c.samples += 1;
                 c.first_ns = c.first_ns.min(s.time_ns);
                 c.last_ns = c.last_ns.max(s.time_ns);
