@@ -187,13 +187,43 @@ pub fn alt_link(data: &[u8]) -> Option<(PathBuf, Vec<u8>)> {
 }
 
 /// A DWARF section's bytes, decompressed if need be; empty if the file lacks it.
+/// The sections a struct's layout is read from: the others (lines, locations, ranges,
+/// frames: most of a big file's DWARF) are not loaded.
+const LAYOUT_SECTIONS: [SectionId; 6] = [
+    SectionId::DebugInfo,
+    SectionId::DebugAbbrev,
+    SectionId::DebugStr,
+    SectionId::DebugStrOffsets,
+    SectionId::DebugTypes,
+    SectionId::DebugLineStr,
+];
+
+/// The largest compressed section inflated in memory (a section mapped as it is costs no
+/// memory, only its pages read).
+const MAX_INFLATED: u64 = 128 << 20;
+
 fn section<'d>(file: &object::File<'d>, id: SectionId) -> Result<Cow<'d, [u8]>, String> {
-    match file.section_by_name(id.name()) {
-        Some(section) => section
-            .uncompressed_data()
-            .map_err(|e| format!("{}: {e}", id.name())),
-        None => Ok(Cow::Borrowed(&[])),
+    let Some(section) = file
+        .section_by_name(id.name())
+        .filter(|_| LAYOUT_SECTIONS.contains(&id))
+    else {
+        return Ok(Cow::Borrowed(&[]));
+    };
+    let inflated = section
+        .compressed_file_range()
+        .map_err(|e| format!("{}: {e}", id.name()))?
+        .uncompressed_size;
+    if inflated > MAX_INFLATED {
+        return Err(format!(
+            "{} is {} MiB uncompressed, more than lrec inflates ({} MiB)",
+            id.name(),
+            inflated >> 20,
+            MAX_INFLATED >> 20
+        ));
     }
+    section
+        .uncompressed_data()
+        .map_err(|e| format!("{}: {e}", id.name()))
 }
 
 mod dies;

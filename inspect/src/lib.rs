@@ -12,6 +12,7 @@
 //! The capture format itself (`lrec-format`) stays a leaf that knows none of this (of the
 //! OS it only opens, maps and writes files).
 
+pub mod budget;
 pub mod debug_files;
 pub mod dwarf;
 pub mod elf;

@@ -164,6 +164,13 @@ impl Run<'_, '_> {
         while decoder.can_decode() {
             decoder.decode_out(&mut ins);
             let at = ins.ip();
+            // Every instruction decoded counts, also those no path reaches (skipped on
+            // the way to a later branch target): a long function called often in place
+            // costs its decoding each time.
+            self.spent += 1;
+            if self.spent > self.opts.budget || !crate::budget::charge(1) {
+                break;
+            }
             if let Some(p) = pending.remove(&at) {
                 match &mut current {
                     Some(c) => c.merge(&p),
@@ -176,8 +183,7 @@ impl Run<'_, '_> {
                 }
                 continue;
             };
-            self.spent += 1;
-            if self.spent > self.opts.budget || ins.is_invalid() {
+            if ins.is_invalid() {
                 break;
             }
             match self.step(&ins, &mut s, &mut info, depth, start, end) {
@@ -227,6 +233,9 @@ impl Run<'_, '_> {
         for _ in 0..16 {
             let ins = decoder.decode();
             self.spent += 1;
+            if !crate::budget::charge(1) {
+                return None;
+            }
             match ins.flow_control() {
                 FlowControl::Next => self.data(&ins, &mut s, &mut info),
                 FlowControl::Return => {
@@ -390,7 +399,7 @@ impl Run<'_, '_> {
                 let v = self.operand(ins, 0, s);
                 let sp = s.get(Register::RSP).offset(-8);
                 if let Expr::Sp(k) = sp {
-                    s.stack.insert(k, (v, 8));
+                    s.store_slot(k, v, 8);
                 }
                 s.regs[gpr(Register::RSP).unwrap()] = sp;
             }
@@ -506,10 +515,9 @@ impl Run<'_, '_> {
                 let addr = self.address(ins, s);
                 let size = operand_size(ins, i);
                 if let Expr::Sp(k) = addr {
-                    s.stack.insert(k, (v.clone(), size));
+                    s.store_slot(k, v.clone(), size);
                 } else if addr.is_known() {
-                    s.mem.retain(|(a, _, _)| *a != addr);
-                    s.mem.push((addr.clone(), v.clone(), size));
+                    s.store_mem(addr.clone(), v.clone(), size);
                 }
                 self.events.push(Event::Store {
                     at: ins.ip(),
@@ -610,11 +618,20 @@ enum Flow {
     Stop,
 }
 
+/// Branch targets waiting for their state at most: a branch to one more is not followed
+/// (its code is evaluated only if a path falls through to it).
+const MAX_PENDING: usize = 512;
+
 fn merge_into(pending: &mut HashMap<u64, State>, at: u64, s: &State) {
+    let room = pending.len() < MAX_PENDING;
     match pending.get_mut(&at) {
         Some(p) => p.merge(s),
-        None => {
+        None if room => {
             pending.insert(at, s.clone());
         }
+        None => {}
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -253,7 +253,15 @@ fn frame_type_refs(data: &[u8], members: &[&str]) -> (u32, Vec<usize>) {
     let file = object::File::parse(data).unwrap();
     let info = file.section_by_name(".debug_info").unwrap();
     let info_start = info.file_range().unwrap().0 as usize;
-    let sections = gimli::DwarfSections::load(|id| section(&file, id)).unwrap();
+    // All sections, as gimli reads a whole unit (its line program too).
+    let all = |id: SectionId| -> Result<std::borrow::Cow<[u8]>, String> {
+        Ok(file
+            .section_by_name(id.name())
+            .map_or(std::borrow::Cow::Borrowed(&[][..]), |s| {
+                s.uncompressed_data().unwrap()
+            }))
+    };
+    let sections = gimli::DwarfSections::load(all).unwrap();
     let dwarf = sections.borrow(|data| EndianSlice::new(data, RunTimeEndian::Little));
     let mut units = dwarf.units();
     while let Some(header) = units.next().unwrap() {

@@ -76,6 +76,11 @@ impl<'n, 'd> Walk<'n, 'd> {
         // The depth of the root's children as `raw` counts it (reset by each jump).
         let mut top = raw.next_depth();
         while root.has_children() && !raw.is_empty() {
+            // A big file's walk is work of the binary's budget (crate::budget): out of it,
+            // the names not found yet stay absent (the caller sees why).
+            if !crate::budget::charge(1) {
+                return Ok(true);
+            }
             let (depth, offset) = (raw.next_depth(), raw.next_offset());
             let Some(abbrev) = raw.read_abbreviation()? else {
                 if depth <= top {

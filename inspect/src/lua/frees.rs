@@ -61,18 +61,31 @@ fn at(data: &[u8], svma: u64, found_by: &'static str) -> Result<ProtoFree, Strin
     })
 }
 
-/// The start of the one function of `code` that `is` holds for, or how many it holds for
-/// (`what` they do).
+/// The start of the one function of `code` that `is` holds for, or why there is not one
+/// (none or several found to do `what`, or the search stopped by its budget).
 fn the_one(code: &elf::Code, is: impl Fn(&(u64, u64)) -> bool, what: &str) -> Result<u64, String> {
-    let found: Vec<u64> = code
-        .functions()
-        .iter()
-        .filter(|f| is(f))
-        .map(|&(start, _)| start)
-        .collect();
+    let mut found: Vec<u64> = Vec::new();
+    for f in code.functions() {
+        if !crate::budget::charge(1) {
+            break;
+        }
+        if is(f) {
+            found.push(f.0);
+            // Two are as many as any number more than one: no need to look further.
+            if found.len() == 2 {
+                break;
+            }
+        }
+    }
+    if let Some(why) = crate::budget::spent() {
+        return Err(format!(
+            "the search for a function to {what} stopped: {why}"
+        ));
+    }
     match found[..] {
         [svma] => Ok(svma),
-        _ => Err(format!("{} functions (not one) {what}", found.len())),
+        [] => Err(format!("no function found to {what}")),
+        _ => Err(format!("more than one function found to {what}")),
     }
 }
 

@@ -2,8 +2,17 @@
 //! the function's arguments (`Arg`), its entry stack pointer (`Sp`), constants and loads.
 //! Constructors keep one normal form, so that `[rdi+0x18]+0x20` and `[rdi+0x18]+0x30-0x10`
 //! compare equal: constants fold, and a constant added to anything becomes an `Offset`.
+//!
+//! Bounded by construction: a value's operands are shared (`Rc`), never copied, so a
+//! register copied into a thousand states costs a thousand pointers; and no value holds
+//! more than [`MAX_NODES`] nodes (counted as a tree, shared operands as often as they
+//! occur): a bigger one is `Unknown`. Code that mixes a value with itself again and again
+//! (a hash of a seed, `h ^ (h << 5) + (h >> 2)`, unrolled) would otherwise double its
+//! tree at each step, and every comparison and merge of it with it. What the learners look
+//! for is small (a field of an argument, a constant), so nothing they use is lost.
 
 use std::fmt;
+use std::rc::Rc;
 
 /// A symbolic 64-bit value.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -14,16 +23,16 @@ pub enum Expr {
     /// The entry stack pointer plus a constant.
     Sp(i64),
     /// The `size`-byte word at an address (sign or zero extension not told apart).
-    Load(Box<Expr>, u8),
+    Load(Rc<Expr>, u8),
     /// A non-constant value plus a non-zero constant.
-    Offset(Box<Expr>, i64),
+    Offset(Rc<Expr>, i64),
     /// Another operation of two values.
-    Bin(Op, Box<Expr>, Box<Expr>),
+    Bin(Op, Rc<Expr>, Rc<Expr>),
     /// What a call returned: the call's address in the code.
     Ret(u64),
     /// One of several values: what paths that met held (at most [`MAX_PHI`], none of
     /// them a `Phi`; `Unknown` among them when a path's value was not known).
-    Phi(Vec<Expr>),
+    Phi(Rc<[Expr]>),
     /// A value computed by an instruction the evaluator does not model (at this address):
     /// unknown, but the same wherever it flows.
     Opaque(u64),
@@ -33,6 +42,10 @@ pub enum Expr {
 
 /// Values a merge keeps apart before it gives up.
 pub const MAX_PHI: usize = 8;
+
+/// The most nodes a value holds (as a tree): past it, a value is `Unknown`. The learners'
+/// patterns hold a few (`[[a0+0x18]+0x20]` is five); 8 alternatives of 8 nodes fit.
+pub const MAX_NODES: usize = 72;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Op {
@@ -68,8 +81,42 @@ impl Expr {
         }
         match unique.len() {
             1 => unique.pop().unwrap(),
-            n if n <= MAX_PHI => Expr::Phi(unique),
+            // The Phi node itself and its alternatives'.
+            n if n <= MAX_PHI && unique.iter().map(Expr::nodes).sum::<usize>() < MAX_NODES => {
+                Expr::Phi(unique.into())
+            }
             _ => Expr::Unknown,
+        }
+    }
+
+    /// The nodes of this value as a tree (shared operands as often as they occur), counted
+    /// up to one past [`MAX_NODES`]: what a copy, a comparison or a walk of it costs at most.
+    pub fn nodes(&self) -> usize {
+        fn count(e: &Expr, n: &mut usize) {
+            *n += 1;
+            if *n > MAX_NODES {
+                return;
+            }
+            match e {
+                Expr::Load(a, _) | Expr::Offset(a, _) => count(a, n),
+                Expr::Bin(_, a, b) => {
+                    count(a, n);
+                    count(b, n);
+                }
+                Expr::Phi(v) => v.iter().for_each(|x| count(x, n)),
+                _ => {}
+            }
+        }
+        let mut n = 0;
+        count(self, &mut n);
+        n.min(MAX_NODES + 1)
+    }
+
+    /// `self`, or `Unknown` when it holds more than [`MAX_NODES`] nodes.
+    fn bounded(self) -> Expr {
+        match self.nodes() > MAX_NODES {
+            true => Expr::Unknown,
+            false => self,
         }
     }
 
@@ -84,7 +131,7 @@ impl Expr {
     pub fn load(addr: Expr, size: u8) -> Expr {
         match addr {
             Expr::Unknown => Expr::Unknown,
-            a => Expr::Load(Box::new(a), size),
+            a => Expr::Load(Rc::new(a), size).bounded(),
         }
     }
 
@@ -97,11 +144,11 @@ impl Expr {
             Expr::Const(c) => Expr::Const(c.wrapping_add(k)),
             Expr::Sp(s) => Expr::Sp(s.wrapping_add(k)),
             Expr::Offset(e, c) => match c.wrapping_add(k) {
-                0 => *e,
+                0 => Rc::unwrap_or_clone(e),
                 s => Expr::Offset(e, s),
             },
             Expr::Unknown => Expr::Unknown,
-            e => Expr::Offset(Box::new(e), k),
+            e => Expr::Offset(Rc::new(e), k).bounded(),
         }
     }
 
@@ -126,7 +173,7 @@ impl Expr {
                 Op::Sar => x.wrapping_shr(y as u32),
                 Op::Mul => x.wrapping_mul(y),
             }),
-            (op, a, b) => Bin(op, Box::new(a), Box::new(b)),
+            (op, a, b) => Bin(op, Rc::new(a), Rc::new(b)).bounded(),
         }
     }
 

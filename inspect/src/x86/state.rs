@@ -17,6 +17,11 @@ pub(super) const ARGS: [Register; 6] = [
     Register::R9,
 ];
 
+/// Stack slots a state keeps: writes to more are not kept (a later read of them is unknown).
+const MAX_SLOTS: usize = 256;
+/// Stores to other memory a state keeps, the latest.
+const MAX_MEM: usize = 32;
+
 /// The values of the registers and of the stack slots written so far.
 #[derive(Clone, PartialEq)]
 pub(super) struct State {
@@ -47,6 +52,25 @@ impl State {
         }
         self.stack.retain(|k, v| other.stack.get(k) == Some(v));
         self.mem.retain(|m| other.mem.contains(m));
+    }
+
+    /// A write of `value` to the stack slot at entry-sp-relative `k`, kept while the state
+    /// holds fewer than [`MAX_SLOTS`] (a loop of pushes unrolled does not grow it further).
+    pub(super) fn store_slot(&mut self, k: i64, value: Expr, size: u8) {
+        if self.stack.len() < MAX_SLOTS || self.stack.contains_key(&k) {
+            self.stack.insert(k, (value, size));
+        } else {
+            self.stack.remove(&k);
+        }
+    }
+
+    /// A write of `value` to other memory at `addr`: the latest [`MAX_MEM`] are kept.
+    pub(super) fn store_mem(&mut self, addr: Expr, value: Expr, size: u8) {
+        self.mem.retain(|(a, _, _)| *a != addr);
+        if self.mem.len() >= MAX_MEM {
+            self.mem.remove(0);
+        }
+        self.mem.push((addr, value, size));
     }
 
     pub(super) fn get(&self, r: Register) -> Expr {
