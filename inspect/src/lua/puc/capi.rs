@@ -39,7 +39,7 @@ pub fn facts(code: &Code, minor: u32, f: &mut Facts) {
     pushthread(code, &l, minor, f);
     tolstring(code, f);
     getstack(code, &l, minor, f);
-    pcallk(code, &l, f);
+    pcallk(code, &l, minor, f);
     error_jump(code, &l, f);
     getinfo(code, minor, f);
     tocfunction(code, f);
@@ -138,11 +138,29 @@ fn newstate(code: &Code, f: &mut Facts) {
             _ => None,
         })
         .collect();
-    // L->l_G = g: the main thread at `l`, the global state at `g`.
-    let Some((l, g)) = stores
+    // L->l_G = g: the main thread at `l`, the global state at `g`. Where the state's
+    // set-up is inlined (f_luaopen, luaS_init, luai_makeseed: a C++ build of all of Lua in
+    // one unit), other stores have that shape too: the pair the others corroborate is
+    // taken, `g->frealloc = f` and a pointer to the thread (g->mainthread, g->allgc)
+    // both stored in the global state.
+    let in_g = |a: i64, (l, g): (i64, i64)| match g > l {
+        true => a >= g && a < size,
+        false => a >= g && a < l,
+    };
+    let corroborated = |pair: (i64, i64)| {
+        let frealloc = stores
+            .iter()
+            .any(|&(a, v)| *v == Expr::Arg(0) && in_g(a, pair));
+        let thread = stores
+            .iter()
+            .any(|&(a, v)| at(v) == Some(pair.0) && in_g(a, pair));
+        u32::from(frealloc) + u32::from(thread)
+    };
+    let candidates = stores
         .iter()
-        .find_map(|&(a, v)| Some((a - l_g, at(v)?)).filter(|&(l, g)| l >= 0 && g != l))
-    else {
+        .filter_map(|&(a, v)| Some((a - l_g, at(v)?)).filter(|&(l, g)| l >= 0 && g != l));
+    // The first of the best corroborated (max_by_key keeps the last of equals).
+    let Some((l, g)) = candidates.rev().max_by_key(|&pair| corroborated(pair)) else {
         return;
     };
     if g > l {
@@ -160,11 +178,7 @@ fn newstate(code: &Code, f: &mut Facts) {
         }
         // g->allgc = L (and g->mainthread = L, before 5.5), not a field of L itself: a
         // field of global_State before its main thread (5.5), or after the thread (before).
-        let in_g = match g > l {
-            true => a >= g,
-            false => a < l,
-        };
-        if at(v) == Some(l) && in_g && Some(a - g) != main {
+        if at(v) == Some(l) && in_g(a, (l, g)) && Some(a - g) != main {
             f.set("g.allgc", a - g, SRC);
         }
         if *v == Expr::Const(size) && a > g {
@@ -444,8 +458,14 @@ fn getstack_51(events: &[Event], l: &Expr, f: &mut Facts) {
 }
 
 /// `lua_pcallk` (5.2+): `ci->u.c.k = k; …; ci->callstatus |= CIST_YPCALL`. `u.c.k` shares
-/// its place with `u.l.savedpc`.
-fn pcallk(code: &Code, l: &Expr, f: &mut Facts) {
+/// its place with `u.l.savedpc` in 5.2 (`c` = {ctx, k, …}, `l` = {base, savedpc}), 5.4 and
+/// 5.5 (`l` = {savedpc, …}); in 5.3 `l` = {base, savedpc} and `c` = {k, …}: savedpc lies
+/// one pointer past k.
+fn pcallk(code: &Code, l: &Expr, minor: u32, f: &mut Facts) {
+    let savedpc_past_k = match minor {
+        3 => 8,
+        _ => 0,
+    };
     const SRC: &str = "lua_pcallk's code";
     let Some(ci_at) = f.get("L.ci") else {
         return;
@@ -465,7 +485,7 @@ fn pcallk(code: &Code, l: &Expr, f: &mut Facts) {
             continue;
         }
         if value == Expr::Arg(5) {
-            f.set("ci.savedpc", k, SRC);
+            f.set("ci.savedpc", k + savedpc_past_k, SRC);
         }
         if matches!(&value, Expr::Bin(Op::Or, _, c) if matches!(**c, Expr::Const(_))) {
             f.set("ci.callstatus", k, SRC);
