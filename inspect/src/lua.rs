@@ -6,6 +6,7 @@ pub mod detect;
 pub mod evidence;
 pub mod frees;
 pub mod luajit;
+pub mod meet;
 pub mod named;
 pub mod puc;
 

@@ -31,10 +31,11 @@ pub struct Job {
 pub struct Embedded {
     /// Build-id, or path when there is none: the key of the binary.
     pub key: Vec<u8>,
-    pub path: String,
     pub segments: Vec<Segment>,
     /// LuaJIT's interpreter, if the binary holds it.
     pub luajit: Option<lrec_inspect::lua::detect::LuaJitVm>,
+    /// Embedded without the DWARF asked for: lrec's memory was past its shedding mark.
+    pub shed: bool,
     pub chunk: Result<Chunk, lrec_format::FormatError>,
 }
 
@@ -61,15 +62,16 @@ impl Embedder {
                 yielding.lower();
                 for job in inbox {
                     let level = job.level;
+                    let shed = job.debug != DebugInfo::None && crate::memory::shedding();
                     let binary = embed(job);
                     let done = Embedded {
                         key: binary
                             .build_id
                             .clone()
                             .unwrap_or_else(|| binary.path.as_bytes().to_vec()),
-                        path: binary.path.clone(),
                         segments: binary.segments.clone(),
                         luajit: lrec_inspect::lua::detect::luajit_vm(&binary),
+                        shed,
                         // Encoding and compressing a big binary takes tens of
                         // milliseconds: here, not on the thread that drains samples;
                         // at zstd's fastest level, twice as fast as the default for
@@ -103,22 +105,32 @@ impl Embedder {
         done
     }
 
-    /// Waits for every binary submitted so far; more may be submitted afterwards.
-    pub fn wait(&mut self) -> Vec<Embedded> {
+    /// Waits for every binary submitted so far, unless `give_up` says to stop waiting
+    /// (lrec was told to stop, and its time to finish is over); more may be submitted
+    /// afterwards.
+    pub fn wait(&mut self, give_up: impl Fn() -> bool) -> Vec<Embedded> {
+        use std::sync::mpsc::RecvTimeoutError;
         // Now on lrec's way: and at lrec's exit, a thread at nice +10 among a saturating
         // target's would wait seconds for a CPU to end.
         self.thread.hurry();
         let mut done = Vec::with_capacity(self.queued);
-        while self.queued > 0 {
-            let Ok(binary) = self.done.recv() else {
+        while self.queued > 0 && !give_up() {
+            match self.done.recv_timeout(std::time::Duration::from_millis(20)) {
+                Ok(binary) => {
+                    self.queued -= 1;
+                    done.push(binary);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
                 // The worker died (a panic): what it did not finish never comes.
-                self.queued = 0;
-                break;
-            };
-            self.queued -= 1;
-            done.push(binary);
+                Err(RecvTimeoutError::Disconnected) => self.queued = 0,
+            }
         }
         done
+    }
+
+    /// Binaries submitted and not handed back.
+    pub fn queued(&self) -> usize {
+        self.queued
     }
 }
 
@@ -135,7 +147,12 @@ fn embed(job: Job) -> Binary {
     });
     match data {
         Ok(d) => {
-            let mut binary = elf::binary_record(&job.entry.path, &d, job.debug);
+            // Past lrec's memory's shedding mark, DWARF (the bulk) is left out.
+            let debug = match crate::memory::shedding() {
+                true => DebugInfo::None,
+                false => job.debug,
+            };
+            let mut binary = elf::binary_record(&job.entry.path, &d, debug);
             add_debug_symbols(&mut binary, &job.debug_dir);
             binary
         }

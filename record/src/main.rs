@@ -6,13 +6,16 @@ mod flight;
 mod heap;
 mod kallsyms;
 mod latency;
+mod learner;
 mod lua;
+mod memory;
 mod output;
 mod priority;
 mod procfs;
 mod raw;
 mod recorder;
 mod sampler;
+mod signals;
 mod target;
 
 use std::path::PathBuf;
@@ -64,7 +67,8 @@ pub struct Args {
     /// workers, a pre-fork server's children).
     #[arg(long)]
     pub no_children: bool,
-    /// Stop after this many seconds (default: until Ctrl-C or the target exits).
+    /// Stop this many seconds after lrec started (its start-up, a fraction of a second,
+    /// included; default: until Ctrl-C or the target exits).
     #[arg(short, long, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Samples per second per thread on CPU.
@@ -218,13 +222,18 @@ pub enum DebugMode {
     None,
 }
 
+/// lrec's memory, counted: bounded by memory::CEILING.
+#[global_allocator]
+static ALLOCATOR: memory::Counting = memory::Counting;
+
 fn main() {
+    let started = std::time::Instant::now();
     // lrec's own start (BTF, BPF, the target's binaries) and the thread that drains the
     // samples must keep up when the target saturates the CPUs: from the first step. (A
     // command lrec starts gets its priority back before it runs.)
     priority::raise_priority();
     let args = Args::parse();
-    match run(args) {
+    match run(args, started) {
         Ok(sampler) => exit_leaving_release(sampler),
         Err(e) => fail(e),
     }
@@ -277,7 +286,7 @@ fn fail(e: anyhow::Error) -> ! {
     std::process::exit(1);
 }
 
-fn run(args: Args) -> Result<sampler::Sampler> {
+fn run(args: Args, started: std::time::Instant) -> Result<sampler::Sampler> {
     if args.pid.is_none() && args.command.is_empty() {
         bail!("nothing to record: give -p PID or -- CMD ARGS (see lrec --help)");
     }
@@ -305,7 +314,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); lrec needs a kernel built with CONFIG_DEBUG_INFO_BTF=y");
     }
-    target::install_signal_handlers();
+    signals::install();
     let mut target = match &args.pid {
         Some(pids) if !pids.is_empty() => target::Target::attach_all(pids)?,
         Some(_) => bail!("-p needs a process id"),
@@ -318,7 +327,7 @@ fn run(args: Args) -> Result<sampler::Sampler> {
         .output
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("lrec-{}.lrec", target.pid)));
-    let result = recorder::record(&config(&args), &mut target, &output);
+    let result = recorder::record(&config(&args, started), &mut target, &output);
     target.stop_child();
     result.map_err(|e| match e.is::<capture_file::WriteFailed>() {
         // It names the file already.
@@ -328,13 +337,14 @@ fn run(args: Args) -> Result<sampler::Sampler> {
 }
 
 /// The command line in the recorder's terms.
-fn config(args: &Args) -> recorder::config::Config {
+fn config(args: &Args, started: std::time::Instant) -> recorder::config::Config {
     use lrec_inspect::elf::DebugInfo;
     use recorder::config;
     config::Config {
         frequency_hz: args.frequency,
         stack_size: args.stack_size,
         duration: args.duration.map(std::time::Duration::from_secs_f64),
+        started,
         ring_mib: args.ring_mib,
         follow_children: !args.no_children,
         force: args.force,

@@ -156,59 +156,6 @@ pub fn map_file(file: &File) -> io::Result<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(file) }
 }
 
-/// For each of `needles`, the `len` bytes from its first occurrence in `file`'s byte
-/// ranges `ranges` (offset, size), read in 1 MiB pieces: searching a big library costs
-/// neither its size in memory nor a mapping.
-pub fn find_strings(
-    file: &File,
-    ranges: &[(u64, u64)],
-    needles: &[&[u8]],
-    len: usize,
-) -> Vec<Option<Vec<u8>>> {
-    use std::os::unix::fs::FileExt;
-    const PIECE: usize = 1 << 20;
-    let finders: Vec<memchr::memmem::Finder> =
-        needles.iter().map(memchr::memmem::Finder::new).collect();
-    let mut found: Vec<Option<Vec<u8>>> = vec![None; needles.len()];
-    let mut buf = vec![0u8; PIECE + len];
-    for &(start, size) in ranges {
-        // Each piece repeats the last `len` bytes of the one before: a match across the
-        // boundary is found whole.
-        let (mut offset, mut kept) = (start, 0usize);
-        let end_of_range = start.saturating_add(size);
-        while offset < end_of_range {
-            let want = ((end_of_range - offset) as usize).min(PIECE);
-            let n = match file.read_at(&mut buf[kept..kept + want], offset) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let end = kept + n;
-            for (f, slot) in finders.iter().zip(found.iter_mut()) {
-                if slot.is_some() {
-                    continue;
-                }
-                if let Some(at) = f.find(&buf[..end]) {
-                    let mut v = buf[at..end.min(at + len)].to_vec();
-                    if v.len() < len {
-                        // The match ends the piece: the rest follows in the file.
-                        let mut rest = vec![0u8; len - v.len()];
-                        let got = file.read_at(&mut rest, offset + n as u64).unwrap_or(0);
-                        v.extend_from_slice(&rest[..got]);
-                    }
-                    *slot = Some(v);
-                }
-            }
-            if found.iter().all(Option::is_some) {
-                return found;
-            }
-            offset += n as u64;
-            kept = len.min(end);
-            buf.copy_within(end - kept..end, 0);
-        }
-    }
-    found
-}
-
 /// The processes descending from `roots`, from the parent links in /proc/*/stat.
 pub fn descendants(roots: &[u32]) -> Vec<u32> {
     let mut parent: Vec<(u32, u32)> = Vec::new();
@@ -487,29 +434,6 @@ pub fn read_vm(pid: u32, addr: u64, buf: &mut [u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strings_are_found_across_pieces_and_at_the_end() {
-        use std::io::Write;
-        let path = std::env::temp_dir().join(format!("lrec-find-{}", std::process::id()));
-        let mut data = vec![b'x'; (1 << 20) + 100];
-        // One needle across the first piece's end, one in the last bytes.
-        let at = (1 << 20) - 5;
-        data[at..at + 10].copy_from_slice(b"$Lua: 5.1!");
-        let tail = data.len() - 6;
-        data[tail..].copy_from_slice(b"END42!");
-        File::create(&path).unwrap().write_all(&data).unwrap();
-        let file = File::open(&path).unwrap();
-        let all = [(0, data.len() as u64)];
-        let found = find_strings(&file, &all, &[b"$Lua: ", b"END42", b"absent"], 8);
-        // Only the ranges given are searched.
-        let head = [(0, 1000)];
-        assert_eq!(find_strings(&file, &head, &[b"END42"], 8), vec![None]);
-        std::fs::remove_file(&path).unwrap();
-        assert_eq!(found[0].as_deref(), Some(&b"$Lua: 5."[..]));
-        assert_eq!(found[1].as_deref(), Some(&b"END42!"[..]));
-        assert_eq!(found[2], None);
-    }
 
     #[test]
     fn stat_with_hostile_comm() {

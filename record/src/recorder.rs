@@ -8,28 +8,29 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use lrec_format::{
-    CaptureWriter, FormatError, Header, Lost, LostCauses, OffCpu, Record, ThreadName,
-    OFF_CPU_LUA_YIELD,
-};
+use lrec_format::{CaptureWriter, FormatError, Header, Lost, LostCauses, Record, ThreadName};
 
 use crate::capture_file::{self, WriteFailed};
 use crate::embedder::Embedder;
 use crate::flight::Flight;
 use crate::latency::Tracker;
+use crate::learner::Learner;
 use crate::lua::LuaVms;
 use crate::output::Output;
 use crate::procfs;
 use crate::raw::{Decoded, RawSample};
 use crate::sampler::{Drained, Sampler, SamplerConfig};
-use crate::target::{Exit, Target, DUMP, STOP, STOP_SIGNAL};
+use crate::signals::{self, DUMP, STOP, STOP_SIGNAL};
+use crate::target::{Exit, Target};
 
 mod binaries;
 pub mod config;
 mod ending;
+mod feature;
 mod features;
 mod frees;
 mod heap;
+mod held;
 mod maps;
 mod off_cpu;
 mod threads;
@@ -37,7 +38,7 @@ mod timing;
 mod vms;
 use config::Config;
 use ending::{Kallsyms, OffCpuSummary};
-use features::Feature;
+use feature::Feature;
 use lrec_inspect::elf::DebugInfo;
 use maps::Proc;
 use vms::BinaryVm;
@@ -58,8 +59,6 @@ const MAPS_REFRESH: Duration = Duration::from_millis(500);
 const STARVED_NS: u64 = 50_000_000;
 /// How long after lrec first sees a thread its name is checked for a change.
 const YOUNG_THREAD: Duration = Duration::from_secs(1);
-/// The longest an attached target's recording waits for its LuaJIT layouts to be told.
-const WARM_UP_MAX: Duration = Duration::from_millis(500);
 
 /// Records until the target exits, -d ends or a signal; writes the capture to `output`
 /// or, with `--flight`, the window to numbered files next to it.
@@ -110,17 +109,16 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
     // Started: the thread that drains leaves the realtime class (priority::realtime).
     crate::priority::realtime(false);
     let mut features = features::wanted(cfg, attached);
-    // A heap snapshot alone needs no layout told by samples: it finds the VMs in memory.
-    let snapshot_only = features.iter().any(|f| f.done().is_some());
-    if attached && rec.lua.layouts_pending() && !snapshot_only {
-        warm_up(&mut sampler, &mut rec, target.pidfd(), cfg.quiet)?;
-    }
-    // `-d` counts from the first sample: samples taken after it are not written, whatever
+    // `-d` counts from lrec's start: samples taken after it are not written, whatever
     // lrec was doing when its time came.
-    let started = Instant::now();
-    rec.deadline_ns = cfg
-        .duration
-        .map(|d| procfs::monotonic_ns() + d.as_nanos() as u64);
+    let started = cfg.started;
+    rec.deadline_ns = cfg.duration.map(|d| {
+        let since = started.elapsed().as_nanos() as u64;
+        procfs::monotonic_ns().saturating_sub(since) + d.as_nanos() as u64
+    });
+    // From here on a signal stops the recording, its capture finished: before, it ended
+    // lrec at once (signals.rs).
+    signals::started();
     target.start(&cfg.command)?;
     if !attached {
         for &pid in &pids {
@@ -179,7 +177,11 @@ fn open_capture(cfg: &Config, target: &Target, output: &Path) -> Result<Recordin
             let flight = Flight::new(secs, header.clone(), output.into(), out_opts);
             Output::Flight(Box::new(flight))
         }
-        None => Output::File(capture_file::create_capture(output, &out_opts)?),
+        None => {
+            let file = capture_file::create_capture(output, &out_opts)?;
+            signals::starting(file.get_ref().path_in_progress());
+            Output::File(file)
+        }
     };
     let writer = CaptureWriter::new(sink, &header)?;
     let mut rec = Recording::new(cfg.debug, writer, cfg.debug_dir.clone());
@@ -235,9 +237,9 @@ fn run(
     // target that saturates the CPUs must not starve it, or the ring fills and samples
     // are lost. (The embedding and symbol threads yield to the target.)
     let reason = loop {
-        // While a LuaJIT layout is being told, samples are looked at every 5 ms rather
-        // than when the ring fills: until it is known, samples carry no Lua frames.
-        let tick = match rec.lua.detecting() {
+        // While a binary is being met or a LuaJIT layout told, the loop looks every 5 ms
+        // rather than when the ring fills: until it is known, samples carry no Lua frames.
+        let tick = match rec.lua.detecting() || rec.learner.busy() {
             true => Duration::from_millis(5),
             false => Duration::from_millis(100),
         };
@@ -311,6 +313,12 @@ fn stopped(cfg: &Config, target: &mut Target, started: Instant) -> Option<String
     if cfg.duration.is_some_and(|d| started.elapsed() >= d) {
         return Some("duration".to_string());
     }
+    if crate::memory::at_ceiling() {
+        return Some(format!(
+            "lrec's memory reached its ceiling ({} MiB)",
+            crate::memory::CEILING >> 20
+        ));
+    }
     target.exited().map(|exit| match exit {
         Exit::Code(c) => format!("target exited with status {c}"),
         Exit::Signal(s) => format!("target killed by signal {s}"),
@@ -330,6 +338,7 @@ fn end(
     output: &Path,
 ) -> Result<()> {
     sampler.stop_sampling();
+    rec.learner.stop();
     drain(sampler, &mut rec)?;
     for f in features.iter_mut() {
         f.on_stop(sampler, &mut rec)?;
@@ -356,68 +365,14 @@ fn end(
     Ok(())
 }
 
-/// Before an attached target's recording starts: its LuaJIT VMs' layouts are told by
-/// their first samples (a few ms, more on a loaded machine), which carry no Lua frames and
-/// are not kept (at most [`WARM_UP_MAX`]); said unless `quiet`.
-fn warm_up(
-    sampler: &mut Sampler,
-    rec: &mut Recording,
-    pidfd: Option<i32>,
-    quiet: bool,
-) -> Result<()> {
-    let start = Instant::now();
-    rec.warming_up = true;
-    while rec.lua.layouts_pending()
-        && start.elapsed() < WARM_UP_MAX
-        && !STOP.load(Ordering::Relaxed)
-    {
-        poll(sampler, rec, Duration::from_millis(5), pidfd)?;
-    }
-    // Samples taken before the walkers had their layouts.
-    drain(sampler, rec)?;
-    rec.warming_up = false;
-    // Their stacks were not written: the first ones written share nothing with them.
-    rec.lua.forget_stacks();
-    let (ms, samples) = (
-        start.elapsed().as_millis(),
-        std::mem::take(&mut rec.warm_up_samples),
-    );
-    if quiet {
-        return Ok(());
-    }
-    match rec.lua.layouts_pending() {
-        false => eprintln!(
-            "lrec: the Lua VM's layout (learned from its binary) proved in {ms} ms on \
-             {samples} samples, which carry no Lua frames and are not kept; recording from now"
-        ),
-        true => eprintln!(
-            "lrec: the Lua VM's layout (learned from its binary) not proved in {ms} ms \
-             ({samples} samples, not kept; {}); recording from now: its samples carry no Lua \
-             frames until it is",
-            rec.lua.pending_why()
-        ),
-    }
-    Ok(())
-}
-
-/// Waits up to `tick` for samples (or the target's end: `pidfd`), then takes them in: new
-/// mappings first, while the process surely still has them, then the samples, then the
-/// Lua layouts they told, which serve the next samples at once.
-fn poll(
-    sampler: &mut Sampler,
-    rec: &mut Recording,
-    tick: Duration,
-    pidfd: Option<i32>,
-) -> Result<()> {
-    sampler.wait(tick, pidfd)?;
-    after_wait(sampler, rec)
-}
-
 /// What each wake-up does first: the loader's news, then the samples.
 fn after_wait(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
     if sampler.mappings_changed() {
         rec.refresh_all_maps()?;
     }
+    // The binaries met meanwhile first: their VMs' samples are held from now on.
+    rec.take_learned();
+    install_lua_configs(sampler, rec)?;
     drain(sampler, rec)?;
     install_lua_configs(sampler, rec)
 }
@@ -429,6 +384,9 @@ fn install_lua_configs(sampler: &mut Sampler, rec: &mut Recording) -> Result<()>
     }
     for (pid, cfg) in rec.lua.take_puc_configs() {
         sampler.set_puc_config(pid, &cfg)?;
+    }
+    for (pid, puc) in rec.lua.take_removed() {
+        sampler.remove_lua_config(pid, puc);
     }
     rec.count_proto_frees(sampler);
     if let Some(gen) = rec.lua.turn_generation() {
@@ -445,7 +403,9 @@ fn drain(sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
         Drained::Sample(_) => {}
         Drained::LuaProto(bytes) => rec.lua.on_proto(bytes),
     });
-    failure.map_or(Ok(()), Err)
+    failure.map_or(Ok(()), Err)?;
+    // The samples of processes whose layouts these samples proved (or not).
+    rec.release_held(false)
 }
 
 struct Recording {
@@ -491,10 +451,12 @@ struct Recording {
     latency: Option<Tracker>,
     /// When `-d` runs out (CLOCK_MONOTONIC ns), and the samples taken after it, dropped.
     deadline_ns: Option<u64>,
-    /// Telling LuaJIT's layout before the recording starts ([`warm_up`]): samples are
-    /// looked at, not kept, and counted.
-    warming_up: bool,
-    warm_up_samples: u64,
+    /// The thread that meets new binaries: their Lua VMs and layouts.
+    learner: Learner,
+    /// Samples held while their process's Lua layout is proved.
+    held: held::HeldSamples,
+    /// Binaries embedded without their DWARF to keep lrec's memory under its ceiling.
+    dwarf_shed: u64,
     late: u64,
     /// `--lua-heap`: VMs snapshotted so far.
     heap_vms: u32,
@@ -508,6 +470,7 @@ impl Recording {
     ) -> Recording {
         let mut schedstat = procfs::Reread::open("/proc/thread-self/schedstat");
         let runqueue_ns = procfs::runqueue_wait_ns(&mut schedstat);
+        let debug_dir_for_learner = debug_dir.clone();
         Recording {
             debug_dir,
             debug,
@@ -534,8 +497,9 @@ impl Recording {
             runqueue_ns,
             latency: None,
             deadline_ns: None,
-            warming_up: false,
-            warm_up_samples: 0,
+            learner: Learner::new(debug_dir_for_learner),
+            held: held::HeldSamples::default(),
+            dwarf_shed: 0,
             late: 0,
             heap_vms: 0,
         }
@@ -570,40 +534,12 @@ impl Recording {
             self.lua.keep_memo(&sample, walk);
             return Ok(());
         }
-        if self.warming_up {
-            // Before the recording starts: only to tell LuaJIT's layout (see warm_up).
-            self.lua.on_sample(&sample, walk);
-            self.warm_up_samples += 1;
-            return Ok(());
-        }
         let pid = sample.pid;
+        // The process's mappings and threads are read while they surely exist.
         self.note_sampled(pid, sample.tid, sample.regs.ip)?;
         self.kernel_addrs.extend(&sample.kernel_stack);
-        let lua = self.lua.on_sample(&sample, walk);
-        for r in self.lua.take_records() {
-            self.writer.push(&r)?;
-        }
-        if let Some(c) = lua {
-            let frames = self.lua.frames_of(c.stack.tid);
-            self.writer.push_lua_stack(&c.stack, frames, c.shared)?;
-        }
-        match off_cpu {
-            None => {
-                self.samples += 1;
-                self.writer.push(&Record::Sample(sample))?;
-            }
-            Some(o) => {
-                self.off_cpu += 1;
-                self.lua_waits += u64::from(o.state == OFF_CPU_LUA_YIELD);
-                self.writer.push(&Record::OffCpu(OffCpu {
-                    start_ns: o.start_ns,
-                    duration_ns: o.duration_ns,
-                    state: o.state,
-                    sample,
-                }))?;
-            }
-        }
-        Ok(())
+        let walk = self.lua.observe(&sample, walk);
+        self.hold_or_write(sample, walk, off_cpu)
     }
 
     /// A sample or state of thread `tid` of `pid` (at user address `ip`, 0 if unknown):

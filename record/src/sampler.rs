@@ -347,6 +347,15 @@ impl Sampler {
         insert_config(&mut self.puc_config, "puc_config", pid, cfg)
     }
 
+    /// Stops walking process `pid`'s LuaJIT (or, `puc`, PUC Lua) frames: the layout it was
+    /// walked with while being proved was not. (A process gone took its entry along.)
+    pub fn remove_lua_config(&mut self, pid: u32, puc: bool) {
+        let _ = match puc {
+            true => self.puc_config.remove(&pid),
+            false => self.lua_config.remove(&pid),
+        };
+    }
+
     /// Waits up to `timeout` for samples, news from the loader, or `also` (the target's
     /// pidfd, readable when it exits) to become readable.
     pub fn wait(&mut self, timeout: Duration, also: Option<i32>) -> Result<(), SamplerError> {

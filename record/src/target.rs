@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::procfs;
 
@@ -381,42 +381,6 @@ static EXEC_REPORT: AtomicI32 = AtomicI32::new(-1);
 fn is_zombie(stat: &str) -> bool {
     stat.rsplit_once(')')
         .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-}
-
-/// Set by SIGINT / SIGTERM / SIGHUP.
-pub static STOP: AtomicBool = AtomicBool::new(false);
-pub static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    STOP_SIGNAL.store(sig, Ordering::Relaxed);
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Set by SIGUSR1: the flight recorder writes its window out.
-pub static DUMP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_dump_signal(_: libc::c_int) {
-    DUMP.store(true, Ordering::Relaxed);
-}
-
-/// Routes SIGINT, SIGTERM and SIGHUP to [`STOP`] so that the capture is always finished,
-/// and SIGUSR1 to [`DUMP`] (without --flight it is only said to do nothing, rather than
-/// ending lrec unfinished).
-pub fn install_signal_handlers() {
-    let handlers: [(libc::c_int, extern "C" fn(libc::c_int)); 4] = [
-        (libc::SIGINT, on_signal),
-        (libc::SIGTERM, on_signal),
-        (libc::SIGHUP, on_signal),
-        (libc::SIGUSR1, on_dump_signal),
-    ];
-    for (sig, handler) in handlers {
-        // SAFETY: the handlers only store to atomics.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = handler as *const () as usize;
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
 }
 
 /// A user to run the command as (`lrec --user NAME`): ids and groups from the password and

@@ -293,7 +293,10 @@ pub fn signals_truth() -> Truth {
 pub struct Contents {
     pub samples: u64,
     pub lost: u64,
-    /// Times of the first and last sample (`u64::MAX` and 0 without samples).
+    /// When lrec started writing the capture, right after its own start (the header's
+    /// clock), and the times of the first and last sample (`u64::MAX` and 0 without
+    /// samples).
+    pub start_ns: u64,
     pub first_ns: u64,
     pub last_ns: u64,
     /// Each sample's time after recording started (the header's clock), in record order.
@@ -308,6 +311,12 @@ impl Contents {
     pub fn secs(&self) -> f64 {
         (self.last_ns - self.first_ns) as f64 / 1e9
     }
+
+    /// Seconds from lrec's start to its first sample, and to its last.
+    pub fn from_start(&self) -> (f64, f64) {
+        let s = |ns: u64| ns.saturating_sub(self.start_ns) as f64 / 1e9;
+        (s(self.first_ns), s(self.last_ns))
+    }
 }
 
 pub fn contents(path: &Path) -> Contents {
@@ -316,18 +325,18 @@ pub fn contents(path: &Path) -> Contents {
     let mut c = Contents {
         samples: 0,
         lost: 0,
+        start_ns: 0,
         first_ns: u64::MAX,
         last_ns: 0,
         offsets_ns: Vec::new(),
         end: None,
         warnings: warnings.iter().map(|w| w.to_string()).collect(),
     };
-    let mut start_ns = 0;
     for r in records {
         match r {
-            lrec_format::Record::Header(h) => start_ns = h.monotonic_start_ns,
+            lrec_format::Record::Header(h) => c.start_ns = h.monotonic_start_ns,
             lrec_format::Record::Sample(s) => {
-                c.offsets_ns.push(s.time_ns.saturating_sub(start_ns));
+                c.offsets_ns.push(s.time_ns.saturating_sub(c.start_ns));
                 c.samples += 1;
                 c.first_ns = c.first_ns.min(s.time_ns);
                 c.last_ns = c.last_ns.max(s.time_ns);

@@ -126,6 +126,10 @@ impl LuaVms {
         let Some(p) = self.luajit.get_mut(&pid) else {
             return;
         };
+        if matches!(p.detection, Detection::Pending { .. }) {
+            // It was walked with the layout being proved.
+            self.removed.push((pid, false));
+        }
         p.detection = Detection::Failed;
         let mut r = luajit_runtime(pid, p, None);
         let msg = format!(

@@ -96,6 +96,8 @@ struct ProcessVm {
     /// The process maps this VM from another binary too (its frees are not all counted at
     /// `path`'s free function).
     others: bool,
+    /// The process's samples before the VM was met: they carry no Lua frames.
+    before: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -190,6 +192,11 @@ pub struct LuaVms {
     /// of them [`LuaVms::take_luajit_binaries`] has not handed out yet.
     luajit_binaries: Vec<String>,
     new_luajit: usize,
+    /// Processes whose provisional BPF configuration is to be removed (their layout was
+    /// not proved): (pid, PUC Lua's).
+    removed: Vec<(u32, bool)>,
+    /// Samples seen per process, and of each VM, how many came before it was met.
+    sampled: FxHashMap<u32, u64>,
     /// Processes told that a binary they map holds a Lua VM lrec cannot locate.
     unlocated: std::collections::HashSet<(u32, String)>,
     /// The LuaJIT layout learned from each binary holding a VM (by path), or why none was.
@@ -219,6 +226,7 @@ impl LuaVms {
         }
         let new = !self.luajit.contains_key(&pid);
         let learned = self.learned.get(path).cloned();
+        let before = self.before(pid);
         let p = self.luajit.entry(pid).or_insert_with(|| {
             let readable = |l: &Learned| RawLuaConfig::new(&l.layout.offsets, &[], 0).readable();
             let detection = match &learned {
@@ -230,7 +238,9 @@ impl LuaVms {
                 },
                 _ => Detection::Failed,
             };
-            ProcessVm::new(pid, path, Vec::new(), detection)
+            let mut p = ProcessVm::new(pid, path, Vec::new(), detection);
+            p.before = before;
+            p
         });
         p.others |= p.path != path;
         if new && matches!(p.detection, Detection::Failed) {
@@ -259,11 +269,15 @@ impl LuaVms {
             return;
         }
         p.code.push(code);
-        if let Some(c) = p.config() {
-            // A second copy of the VM (another library): the walker must know it too.
-            self.configs.push((pid, c));
-        } else if let Some(layout) = self.layout_of(path) {
-            self.ready(pid, layout);
+        let pending = matches!(p.detection, Detection::Pending { .. });
+        match self.layout_of(path) {
+            // Proved in another process running the same binary.
+            Some(layout) if pending => self.ready(pid, layout),
+            // Ready: a second copy of the VM (another library), which the walker must know
+            // too; pending: walked with the layout being proved.
+            _ => self
+                .configs
+                .extend(self.luajit[&pid].config().map(|c| (pid, c))),
         }
     }
 
@@ -321,6 +335,26 @@ impl LuaVms {
         p.detection = Detection::Ready(Arc::new(layout), traces);
         self.configs.extend(p.config().map(|c| (pid, c)));
         self.records.push(Record::LuaRuntime(r));
+        self.joined(pid, false);
+    }
+
+    /// Process `pid`'s VM (PUC Lua's or LuaJIT's) is read from now on, and its samples
+    /// held while its layout was proved with their Lua frames: the samples before it was
+    /// met, if any, are said.
+    fn joined(&mut self, pid: u32, puc: bool) {
+        let vms = if puc { &self.puc } else { &self.luajit };
+        let Some(p) = vms.get(&pid) else {
+            return;
+        };
+        if p.before > 0 {
+            self.messages.push(format!(
+                "pid {pid}: Lua frames from its sample {} on: the VM in {} was met after its \
+                 first {} (they have native frames only)",
+                p.before + 1,
+                p.path,
+                p.before
+            ));
+        }
     }
 
     /// Keeps a proto BPF copied (from the `lua_protos` ring).
@@ -372,49 +406,15 @@ impl LuaVms {
         })
     }
 
-    /// Whether some process's Lua layout is still being proved, found less than 2 s ago:
-    /// its samples carry no Lua frames yet.
-    pub fn layouts_pending(&self) -> bool {
-        self.luajit.values().chain(self.puc.values()).any(|p| {
-            matches!(
-                p.detection,
-                Detection::Pending { .. } | Detection::PucPending { .. }
-            ) && p.young()
-        })
+    /// Processes whose BPF configurations are to be removed since the last call: (pid,
+    /// whether PUC Lua's).
+    pub fn take_removed(&mut self) -> Vec<(u32, bool)> {
+        std::mem::take(&mut self.removed)
     }
 
-    /// Why a Lua layout is still being proved: its VM has not run its interpreter loop, or
-    /// how far its samples got.
-    pub fn pending_why(&self) -> String {
-        let pending =
-            self.luajit
-                .values()
-                .chain(self.puc.values())
-                .find_map(|p| match &p.detection {
-                    Detection::Pending {
-                        votes,
-                        protos,
-                        tries,
-                        ..
-                    } => Some((p, *tries, *votes, *protos)),
-                    Detection::PucPending { proofs, tries, .. } => {
-                        Some((p, *tries, *tries, *proofs))
-                    }
-                    _ => None,
-                });
-        match pending {
-            None => String::new(),
-            Some((p, 0, ..)) => format!(
-                "no sample ran in the interpreter loop of {}: a VM that does not run proves \
-                 nothing",
-                p.path
-            ),
-            Some((p, tries, votes, (yes, no))) => format!(
-                "{tries} samples ran in the interpreter loop of {}, {votes} found its global \
-                 state, {yes} read its running prototype as the layout says and {no} did not",
-                p.path
-            ),
-        }
+    /// How many samples of process `pid` came before its VM was met.
+    fn before(&self, pid: u32) -> u64 {
+        self.sampled.get(&pid).copied().unwrap_or(0)
     }
 
     /// BPF configurations that became known since the last call.
@@ -474,21 +474,21 @@ impl LuaVms {
         self.last.frames(tid)
     }
 
-    /// Forgets the stacks converted so far, which were not written (warming up): the
-    /// next stack of each thread shares no frames with them.
-    pub fn forget_stacks(&mut self) {
-        self.last.clear();
-    }
-
     /// Lua frames BPF walked, those it named from call sites remembered in earlier
     /// samples (each proved in its sample), and the sites it found stale (read in full).
     pub fn frames_named_from_sites(&self) -> (u64, u64, u64) {
         self.frames
     }
 
-    /// Looks at a sample: votes on the layout while it is unknown, and converts the Lua
-    /// frames BPF walked into a capture record (its frames: [`Self::frames_of`]).
-    pub fn on_sample(&mut self, sample: &Sample, walk: Option<LuaWalk>) -> Option<Converted> {
+    /// Looks at a sample as it arrives: votes on its process's layouts while they are
+    /// being proved, and puts in place a run of frames its walk took from the CPU's memo
+    /// (a memo made is kept, whatever becomes of the walk): the walk, whole.
+    pub fn observe<'a>(
+        &mut self,
+        sample: &Sample,
+        walk: Option<LuaWalk<'a>>,
+    ) -> Option<LuaWalk<'a>> {
+        *self.sampled.entry(sample.pid).or_default() += 1;
         let pending = |p: &ProcessVm| matches!(p.detection, Detection::Pending { .. });
         if self.luajit.get(&sample.pid).is_some_and(pending) {
             self.vote(sample);
@@ -497,13 +497,43 @@ impl LuaVms {
         if self.puc.get(&sample.pid).is_some_and(puc_pending) {
             self.vote_puc(sample);
         }
-        // A run of frames taken from the CPU's memo is put in place first, and a memo made
-        // kept, whatever becomes of the walk.
-        let walk = self.memos.resolve(sample.cpu, walk?);
+        Some(self.memos.resolve(sample.cpu, walk?))
+    }
+
+    /// Whether process `pid`'s samples are held back: BPF walks its Lua frames with a
+    /// layout still being proved, and they are written once it is decided (with their
+    /// Lua frames if it is proved, without if not).
+    pub fn holding(&self, pid: u32) -> bool {
+        let pending = |p: &ProcessVm| {
+            matches!(
+                p.detection,
+                Detection::Pending { .. } | Detection::PucPending { .. }
+            )
+        };
+        self.luajit.get(&pid).is_some_and(pending) || self.puc.get(&pid).is_some_and(pending)
+    }
+
+    /// Converts the Lua frames BPF walked (as [`Self::observe`] returned them) into a
+    /// capture record (its frames: [`Self::frames_of`]), if the walk's layout is proved.
+    pub fn convert(&mut self, sample: &Sample, walk: LuaWalk) -> Option<Converted> {
         let by_puc = u32::from(walk.header.flags) & lua_flags::PUC != 0;
         let p = match by_puc {
             true => self.puc.get(&sample.pid)?,
             false => self.luajit.get(&sample.pid)?,
+        };
+        // Only walks whose layout is proved become frames (a walk made while it was
+        // being proved, and it was not, is dropped whole).
+        enum Proved {
+            LuaJit(Arc<Layout>, bool),
+            Puc(Arc<PucLayout>),
+        }
+        let proved = match &p.detection {
+            // Shared, not copied: a layout's tables are cloned once, not per sample.
+            Detection::Ready(layout, traces) => {
+                Proved::LuaJit(Arc::clone(layout), traces.searching())
+            }
+            Detection::Puc(rel) => Proved::Puc(Arc::clone(rel)),
+            _ => return None,
         };
         let (pid, tid) = (sample.pid, sample.tid);
         // The outer frames shared with the thread's last stack are converted already.
@@ -516,10 +546,8 @@ impl LuaVms {
             .count() as u64;
         self.frames.2 += u64::from(walk.header.stale);
         let shared = last.shared(raw);
-        match &p.detection {
-            Detection::Ready(layout, traces) => {
-                // Shared, not copied: a layout's tables are cloned once, not per sample.
-                let (layout, searching) = (Arc::clone(layout), traces.searching());
+        match proved {
+            Proved::LuaJit(layout, searching) => {
                 if walk.header.vmstate > 0 && searching {
                     self.find_traces(pid, &layout.offsets, &walk);
                 }
@@ -527,12 +555,10 @@ impl LuaVms {
                     |f: &RawLuaFrame| self.frame(f, |t, f| t.proto(pid, &layout.offsets, f));
                 last.update(raw, shared, convert);
             }
-            Detection::Puc(rel) => {
-                let rel = Arc::clone(rel);
+            Proved::Puc(rel) => {
                 let convert = |f: &RawLuaFrame| self.frame(f, |t, f| t.puc_proto(pid, &rel, f));
                 last.update(raw, shared, convert);
             }
-            _ => return None,
         }
         self.last.keep(tid, last);
         let header = walk.header;
@@ -616,6 +642,7 @@ impl ProcessVm {
             detection,
             mem: File::open(format!("/proc/{pid}/mem")).ok(),
             others: false,
+            before: 0,
         }
     }
 
@@ -624,16 +651,20 @@ impl ProcessVm {
         self.found.elapsed() < std::time::Duration::from_secs(2)
     }
 
-    /// The BPF walker's configuration, once the LuaJIT VM's layout is known.
+    /// The BPF walker's configuration, once the LuaJIT VM's layout is known, or while it
+    /// is being proved (its walks are held until it is decided: [`LuaVms::holding`]).
     fn config(&self) -> Option<RawLuaConfig> {
-        let Detection::Ready(layout, traces) = &self.detection else {
-            return None;
-        };
-        Some(luajit::config(
-            &layout.offsets,
-            &self.code,
-            traces.offset.unwrap_or(0),
-        ))
+        match &self.detection {
+            Detection::Ready(layout, traces) => Some(luajit::config(
+                &layout.offsets,
+                &self.code,
+                traces.offset.unwrap_or(0),
+            )),
+            Detection::Pending { layout, .. } if !self.code.is_empty() => {
+                Some(luajit::config(&layout.layout.offsets, &self.code, 0))
+            }
+            _ => None,
+        }
     }
 }
 

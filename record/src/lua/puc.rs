@@ -2,10 +2,6 @@
 //! frames replace), and reads its prototypes' names and lines with the build's layout
 //! (`lrec_inspect::lua::puc`). Line tables come from BPF's copy of each proto.
 
-use std::path::Path;
-
-use lrec_inspect::elf;
-
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -13,28 +9,6 @@ use crate::lua::puc_names::Code;
 use crate::lua::{read_u32, read_u64};
 use crate::raw::{RawLuaFrame, RawLuaProto, RawPucConfig, LUA_CHUNKNAME, LUA_LINEINFO, PUC_ABS_AT};
 use lrec_inspect::lua::puc::{Layout, Strings};
-
-/// Where a binary's `luaV_execute` lies (SVMA), and how it was found: its own symbols,
-/// those of its separate debug file (Debian's `-dbg` packages, by build-id), or, in a
-/// stripped binary, the dispatch table of its release's opcodes that only the interpreter
-/// loop holds ([`lrec_inspect::lua::detect::puc_execute`]). `Err` says why it was not found.
-pub fn find_execute(
-    data: &[u8],
-    binary: &lrec_format::Binary,
-    minor: u32,
-    debug_dir: &Path,
-) -> Result<(u64, u64, &'static str), String> {
-    if let Some((s, e)) = elf::function_symbol(data, "luaV_execute") {
-        return Ok((s, e, "its symbol"));
-    }
-    if let Some(debug) = crate::embedder::separate_debug_file(debug_dir, binary) {
-        if let Some((s, e)) = elf::function_symbol(&debug.data, "luaV_execute") {
-            return Ok((s, e, "the debug file's symbol"));
-        }
-    }
-    lrec_inspect::lua::detect::puc_execute(data, binary, minor)
-        .map(|(s, e)| (s, e, "its opcode dispatch table"))
-}
 
 /// Most instructions, constants and variables of a proto read for names.
 const MAX_READ: u32 = 1 << 20;

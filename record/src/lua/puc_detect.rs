@@ -38,7 +38,8 @@ impl LuaVms {
             },
             _ => Detection::Failed,
         };
-        let p = ProcessVm::new(pid, path, vec![code], detection);
+        let mut p = ProcessVm::new(pid, path, vec![code], detection);
+        p.before = self.before(pid);
         let mut r = runtime(pid, &p, format!("Lua 5.{minor}.{patch}"));
         let why = match learned {
             Some(Ok(l)) if l.missing.is_empty() => None,
@@ -54,6 +55,10 @@ impl LuaVms {
             r.layout = format!("{} (luaV_execute by {})", l.name, code.found_by);
             self.puc_configs.push((pid, RawPucConfig::new(l)));
             self.records.push(Record::LuaRuntime(r));
+        } else if let Detection::PucPending { layout, .. } = &p.detection {
+            // Walked with the layout being proved, its samples held until it is decided.
+            self.puc_configs
+                .push((pid, RawPucConfig::new(&layout.layout)));
         } else if let Some(why) = why.filter(|_| matches!(p.detection, Detection::Failed)) {
             let msg = format!(
                 "pid {pid}: found Lua 5.{minor}.{patch} in {path}, but {why}; recording \
@@ -116,6 +121,7 @@ impl LuaVms {
                 r.layout = format!("{summary} (luaV_execute by {found_by})");
                 self.puc_configs.push((pid, RawPucConfig::new(&layout)));
                 self.records.push(Record::LuaRuntime(r));
+                self.joined(pid, true);
             }
         } else if tries >= luajit::TRIES_BEFORE_GIVING_UP || p.voting >= PUC_BUDGET {
             let what = match (yes, no) {
@@ -135,6 +141,10 @@ impl LuaVms {
         let Some(p) = self.puc.get_mut(&pid) else {
             return;
         };
+        if matches!(p.detection, Detection::PucPending { .. }) {
+            // It was walked with the layout being proved.
+            self.removed.push((pid, true));
+        }
         p.detection = Detection::Failed;
         let msg = format!(
             "pid {pid}: found a Lua interpreter in {}, but {why}; recording native stacks only",

@@ -56,11 +56,6 @@ impl LastStacks {
         self.by_tid.get(&tid).map_or(&[], |l| &l.frames)
     }
 
-    /// Forgets every thread's last stack.
-    pub(super) fn clear(&mut self) {
-        self.by_tid.clear();
-    }
-
     /// Keeps thread `tid`'s last stack.
     pub(super) fn keep(&mut self, tid: u32, last: Last) {
         if self.by_tid.len() >= MAX_THREADS {

@@ -71,17 +71,20 @@ impl Recording {
     /// Writes the binaries the embedding thread has finished; with `wait`, all of them.
     pub(super) fn write_embedded(&mut self, wait: bool) -> Result<()> {
         let done: Vec<Embedded> = match wait {
-            true => self.embedder.wait(),
+            true => self.embedder.wait(crate::signals::stop_deadline_passed),
             false => self.embedder.finished(),
         };
         for e in done {
-            let luajit = e.luajit.map(|vm| VmCode {
-                start: vm.start,
-                end: vm.end,
-                cframe_size: vm.cframe_size,
-                ..VmCode::default()
-            });
-            self.note_vm(&e.key, &e.path, &e.segments, luajit, None);
+            self.dwarf_shed += u64::from(e.shed);
+            if let Some(vm) = e.luajit {
+                let code = VmCode {
+                    start: vm.start,
+                    end: vm.end,
+                    cframe_size: vm.cframe_size,
+                    ..VmCode::default()
+                };
+                self.note_vm(&e.key, &e.segments, code);
+            }
             self.writer.write_encoded(e.chunk?)?;
         }
         Ok(())

@@ -16,8 +16,10 @@ pub struct Config {
     pub frequency_hz: u64,
     /// User-stack bytes copied per sample.
     pub stack_size: u32,
-    /// `-d`: counted from the first sample.
+    /// `-d`: counted from lrec's start ([`Config::started`]).
     pub duration: Option<Duration>,
+    /// When lrec started (its first step in main).
+    pub started: std::time::Instant,
     /// The ring buffer's size (a power of two), if not the default.
     pub ring_mib: Option<u32>,
     /// Also record the processes the targets fork.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use lrec_format::{End, KernelSymbols, LostCauses, Record, ThreadName};
 
-use super::features::Feature;
+use super::feature::Feature;
 use super::Recording;
 use crate::capture_file::human_bytes;
 use crate::kallsyms::KallsymsTable;
@@ -37,6 +37,10 @@ pub struct Summary {
     /// Per binary holding a VM: how its call sites were proved (by counting freed protos,
     /// or by reading each site's proto).
     pub lua_site_proofs: Vec<String>,
+    /// Binaries not embedded: lrec was stopped before their sections were read.
+    pub not_embedded: usize,
+    /// Binaries embedded without their DWARF, to keep lrec's memory under its ceiling.
+    pub dwarf_shed: u64,
 }
 
 /// The off-CPU intervals of a recording.
@@ -100,6 +104,23 @@ impl Summary {
     ) {
         print_totals(self.samples, self.lost, self.threads, elapsed, reason);
         print_lost(self.lost, &self.lost_causes);
+        if self.dwarf_shed > 0 || crate::memory::peak() >= crate::memory::SHED_AT {
+            eprintln!(
+                "lrec: its own memory peaked at {} MiB of heap (ceiling {} MiB): {} binaries \
+                 embedded without their DWARF to stay under it (lanalyze reads it from this \
+                 machine's files or debuginfod)",
+                crate::memory::peak() >> 20,
+                crate::memory::CEILING >> 20,
+                self.dwarf_shed
+            );
+        }
+        if self.not_embedded > 0 {
+            eprintln!(
+                "lrec: {} binaries not embedded: lrec was stopped before it read them; \
+                 lanalyze reads them from this machine's files (not with --offline)",
+                self.not_embedded
+            );
+        }
         if let Some(o) = &self.off_cpu {
             o.print();
         }
@@ -227,6 +248,8 @@ impl Recording {
     pub(super) fn settle(&mut self) -> Result<Option<KernelSymbols>> {
         self.write_embedded(true)?;
         self.lua.finish();
+        // Layouts not proved by now are not: the samples held for them are written.
+        self.release_held(true)?;
         for r in self.lua.take_records() {
             self.writer.push(&r)?;
         }
@@ -341,6 +364,8 @@ impl Recording {
             lua_frames: self.lua.frames_named_from_sites(),
             lua_memo: self.lua.frames_from_memos(),
             lua_site_proofs: self.proto_frees.summary(),
+            not_embedded: self.embedder.queued(),
+            dwarf_shed: self.dwarf_shed,
         })
     }
 }

@@ -7,7 +7,7 @@ use anyhow::Result;
 use lrec_format::{LuaHeap, LuaHeapCopy, LuaHeapMemory, Record, HEAP_PIECE};
 
 use super::config::Heap;
-use super::features::Feature;
+use super::feature::Feature;
 use super::Recording;
 use crate::capture_file::human_bytes;
 use crate::heap::{copy_writable, Frozen, HeapCopy};

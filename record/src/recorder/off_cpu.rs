@@ -7,7 +7,7 @@ use lrec_format::{OffCpuTotals, Record, ThreadOffCpuTotals};
 
 use super::config::OffCpu;
 use super::ending::OffCpuSummary;
-use super::features::Feature;
+use super::feature::Feature;
 use super::Recording;
 use crate::sampler::Sampler;
 

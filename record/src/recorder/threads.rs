@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use lrec_format::{Record, ThreadName, ThreadStates};
 
-use super::features::Feature;
+use super::feature::Feature;
 use super::{Recording, YOUNG_THREAD};
 use crate::procfs;
 use crate::raw::RawThreadState;

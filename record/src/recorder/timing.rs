@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Result;
 use lrec_format::Record;
 
-use super::features::Feature;
+use super::feature::Feature;
 use super::Recording;
 use crate::sampler::Sampler;
 

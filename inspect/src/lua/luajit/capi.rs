@@ -9,7 +9,7 @@
 use crate::elf::Code;
 use crate::x86::{evaluate, Event, Expr, Op, Options};
 
-use super::learn::Facts;
+use crate::lua::evidence::Facts;
 
 const AR_SOURCE: i64 = 32;
 const AR_SHORT_SRC: i64 = 56;

@@ -7,7 +7,7 @@
 
 use iced_x86::{Instruction, Mnemonic, OpKind, Register};
 
-use super::learn::Facts;
+use crate::lua::evidence::Facts;
 
 const RB: Register = Register::RBP;
 const BASE: Register = Register::RDX;
