@@ -11,8 +11,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use regex::Regex;
 
+mod bounded;
 mod lua;
 mod nginx;
+pub use bounded::*;
 pub use lua::*;
 pub use nginx::*;
 
