@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 APT_PACKAGES := clang-19 llvm-19 libbpf-dev gcc make libc6-dev luajit2 libluajit2-5.1-dev nginx \
 	libnginx-mod-http-lua wrk golang-go lua5.1 lua5.2 lua5.3 lua5.4 liblua5.4-dev liblua5.1-0-dbg liblua5.3-0-dbg \
-	liblua5.4-0-dbg nodejs redis-server redis-tools haproxy tshark debuginfod binutils patch tarantool
+	liblua5.4-0-dbg nodejs python3-venv redis-server redis-tools haproxy tshark debuginfod binutils patch tarantool
 BENCH_PACKAGES := linux-perf strace time
 DEMO_DIR := demo-out
 

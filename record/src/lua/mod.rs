@@ -226,6 +226,26 @@ impl LuaVms {
         }
         let new = !self.luajit.contains_key(&pid);
         let learned = self.learned.get(path).cloned();
+        if let Some(first) = self.luajit.get(&pid).filter(|p| p.path != path) {
+            // Another binary's LuaJIT in the same process: its code joins the walker's only
+            // when it has the very layout the walker reads this process with.
+            let read_with = match &first.detection {
+                Detection::Pending { layout, .. } => Some(&layout.layout.offsets),
+                Detection::Ready(layout, _) => Some(&layout.offsets),
+                _ => None,
+            };
+            let same =
+                matches!((&learned, read_with), (Some(Ok(l)), Some(o)) if l.layout.offsets == *o);
+            if !same {
+                let why = format!(
+                    "found a second LuaJIT VM in {path}, but lrec reads one LuaJIT layout per \
+                     process (here {}'s) and this one's differs or is unknown; recording native \
+                     stacks only for this one",
+                    file_name(&first.path)
+                );
+                return self.add_unlocated(pid, path, &why);
+            }
+        }
         let before = self.before(pid);
         let p = self.luajit.entry(pid).or_insert_with(|| {
             let readable = |l: &Learned| RawLuaConfig::new(&l.layout.offsets, &[], 0).readable();
@@ -697,6 +717,11 @@ fn luajit_runtime(pid: u32, p: &ProcessVm, layout: Option<&Layout>) -> LuaRuntim
 }
 
 /// A little-endian u64 of the target's memory.
+/// The last part of a binary's path, naming it in a line that names another by its path.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
 pub(crate) fn read_u64(mem: &File, addr: u64) -> Option<u64> {
     let mut b = [0u8; 8];
     mem.read_exact_at(&mut b, addr).ok()?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use lrec_format::{Record, Sample};
 
-use super::{luajit, puc_proof, runtime, Detection, LuaVms, ProcessVm, VmCode};
+use super::{file_name, luajit, puc_proof, runtime, Detection, LuaVms, ProcessVm, VmCode};
 use crate::raw::RawPucConfig;
 
 /// Samples whose running state must read as a PUC layout says before it is used, and
@@ -20,8 +20,17 @@ impl LuaVms {
     /// samples (or, when a process running the same binary proved it, used at once).
     pub(super) fn add_puc(&mut self, pid: u32, path: &str, code: VmCode, minor: u32, patch: u32) {
         if let Some(p) = self.puc.get_mut(&pid) {
-            // One PUC Lua per process: the first found.
-            p.others |= p.path != path;
+            // One PUC Lua per process: the first found (BPF's walker reads one layout and
+            // one luaV_execute per process).
+            if p.path != path {
+                p.others = true;
+                let why = format!(
+                    "found Lua 5.{minor}.{patch} in {path} too, but lrec reads one PUC Lua VM per \
+                     process (here {}'s); recording native stacks only for this one",
+                    file_name(&p.path)
+                );
+                self.add_unlocated(pid, path, &why);
+            }
             return;
         }
         let proved = self.puc.values().find_map(|p| match &p.detection {

@@ -34,13 +34,28 @@ fn user_ptr(p: u64) -> bool {
     p > 4096 && p < 1 << 47 && p & 7 == 0
 }
 
-/// What sample `s` says of layout `l`: `Some(true)` when a register holds a state whose
-/// chain reads as the VM's (with at least one Lua function), `Some(false)` when a state
-/// was found but its chain does not read, `None` when the sample tells nothing.
+/// Stack words looked at for a state when no register holds one (as BPF's walker does:
+/// ebpf/puc_work.h, LREC_PUC_SCAN_WORDS): a build that keeps L on its stack in
+/// luaV_execute (a C++ build at -O2) is proved too.
+const SCAN_WORDS: usize = 64;
+
+/// What sample `s` says of layout `l`: `Some(true)` when a register (or a word near the
+/// top of its stack) holds a state whose chain reads as the VM's (with at least one Lua
+/// function), `Some(false)` when a state was found but its chain does not read, `None`
+/// when the sample tells nothing.
 pub fn proof(mem: &File, l: &Layout, s: &Sample) -> Option<bool> {
     let r = &s.regs;
     let regs = [r.bx, r.bp, r.r12, r.r13, r.r14, r.r15, r.di, r.si];
-    let state = regs.into_iter().find(|&p| is_state(mem, l, p))?;
+    let stack = s
+        .user_stack
+        .chunks_exact(8)
+        .take(SCAN_WORDS)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        .filter(|&p| user_ptr(p));
+    let state = regs
+        .into_iter()
+        .chain(stack)
+        .find(|&p| is_state(mem, l, p))?;
     chain(mem, l, state)
 }
 
