@@ -14,9 +14,11 @@ use regex::Regex;
 mod bounded;
 mod lua;
 mod nginx;
+mod tshark;
 pub use bounded::*;
 pub use lua::*;
 pub use nginx::*;
+pub use tshark::*;
 
 /// Recordings share two cores: run them one at a time so they do not skew each other.
 static SERIAL: Mutex<()> = Mutex::new(());

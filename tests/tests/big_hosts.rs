@@ -4,9 +4,8 @@
 //! ~60 libraries, libwireshark's 110 MB among them), and lua-host-shared runs LuaJIT VMs
 //! after loading libwireshark; lrec attaches to each 20 times for 2 s.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use lrec_e2e::*;
@@ -16,54 +15,6 @@ const RUNS: usize = 20;
 const START_MAX: f64 = 3.0;
 /// Each recording's -d.
 const SECS: u32 = 2;
-
-/// A child process killed when the test ends, passing or not.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A pcap file of `n` small UDP packets.
-fn write_pcap(path: &Path, n: u32) {
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
-    // Global header: magic, version 2.4, zone, sigfigs, snaplen, Ethernet.
-    let mut header = 0xa1b2c3d4u32.to_le_bytes().to_vec();
-    header.extend(2u16.to_le_bytes());
-    header.extend(4u16.to_le_bytes());
-    for v in [0u32, 0, 65535, 1] {
-        header.extend(v.to_le_bytes());
-    }
-    f.write_all(&header).unwrap();
-    for i in 0..n {
-        let payload = [i as u8; 32];
-        let mut udp = Vec::new();
-        udp.extend((1000 + (i % 50) as u16).to_be_bytes());
-        udp.extend(2000u16.to_be_bytes());
-        udp.extend((8 + payload.len() as u16).to_be_bytes());
-        udp.extend(0u16.to_be_bytes());
-        udp.extend(payload);
-        let mut ip = vec![0x45, 0];
-        ip.extend((20 + udp.len() as u16).to_be_bytes());
-        ip.extend((i as u16).to_be_bytes());
-        ip.extend([0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
-        ip.extend(udp);
-        let mut eth = vec![0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 6, 8, 0];
-        eth.extend(ip);
-        for v in [
-            i / 1000,
-            (i % 1000) * 1000,
-            eth.len() as u32,
-            eth.len() as u32,
-        ] {
-            f.write_all(&v.to_le_bytes()).unwrap();
-        }
-        f.write_all(&eth).unwrap();
-    }
-}
 
 /// Attaches `lrec -d SECS` to `pid` RUNS times: each capture's last sample must come SECS
 /// − 0.1 s to SECS + 0.3 s after lrec's start (`-d` counts from it), its first within
@@ -152,21 +103,8 @@ fn tshark_lua_tap() {
         return;
     };
     let dir = tempfile_dir("tshark");
-    let pcap = dir.join("udp.pcap");
     // ~1 ms of Lua per packet: long enough for all the recordings.
-    write_pcap(&pcap, 400_000);
-    let tap = root().join("fixtures/workloads/hosts/tshark.lua");
-    let target = Killed(
-        Command::new(tshark)
-            .arg("-r")
-            .arg(&pcap)
-            .args(["-q", "-X"])
-            .arg(format!("lua_script:{}", tap.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let target = start_tshark(&tshark, &dir, 400_000);
     std::thread::sleep(Duration::from_secs(2));
     twenty_recordings(
         "tshark",
