@@ -13,6 +13,8 @@
 #      nginx's requests per second under each at 4999 Hz (ONLY=own).
 #  10. A Lua heap snapshot of a ~230 MiB LuaJIT heap: time stopped, capture size, analysis (ONLY=heap).
 #  11. lrec's memory over a 10-minute recording and flight recorder of a busy host (ONLY=soak).
+#  12. What lrec runs when it meets a binary, on every ELF file of the machine: the number of
+#      binaries, the slowest and the largest, failures and budgets run out (ONLY=sweep).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HZ=${HZ:-999}
@@ -357,5 +359,18 @@ if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = soak ]; then
   echo
   scripts/soak.sh -s "$soak" -- fixtures/bin/churn-luajit $((soak + 30)) 4 3
   scripts/soak.sh -s "$soak" --flight -- fixtures/bin/churn-luajit $((soak + 30)) 4 3
+fi
+
+# 12. The sweep (inspect/examples/sweep.rs, issue 53): identification, layout learning, the
+#     proto-free search and the embedding, one child process per ELF file under /usr and
+#     /opt (and the fixtures' and lupa's Lua binaries), each within 30 s and 2 GiB.
+if [ -z "${ONLY:-}" ] || [ "${ONLY:-}" = sweep ]; then
+  echo
+  echo "== 12. the sweep: every ELF file met as lrec meets it"
+  ./target/release/examples/sweep --list "$OUT/sweep.tsv" /usr /opt fixtures/bin \
+    fixtures/build/lupa/lib > "$OUT/sweep.txt" || true
+  # The summary, the slowest and the largest, and what failed or ran out (the binaries
+  # holding Lua are in $OUT/sweep.txt).
+  sed '/^Lua:/,$d' "$OUT/sweep.txt"
 fi
 sysctl -qw kernel.bpf_stats_enabled="$old_stats" 2>/dev/null || true
