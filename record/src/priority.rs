@@ -148,6 +148,28 @@ impl Yielding {
         }
     }
 
+    /// Called on the thread itself: notes its id and puts it in lrec's start's class, the
+    /// realtime one ([`realtime`]), until [`Yielding::relax`].
+    pub fn start_with_lrec(&self) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.tid.store(tid, std::sync::atomic::Ordering::Relaxed);
+        realtime_thread(tid, true);
+    }
+
+    /// Puts the thread back in the normal class at nice 0: it shares the CPUs with the
+    /// target's threads.
+    pub fn relax(&self) {
+        let tid = self.tid.load(std::sync::atomic::Ordering::Relaxed);
+        if tid > 0 {
+            // SAFETY: system calls on one of our own threads; a failure leaves it as it was.
+            unsafe {
+                normal_class(tid);
+                libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 0);
+            }
+        }
+    }
+
     /// Raises the thread to lrec's start's and end's priority, the realtime class (it is
     /// now on lrec's way: [`realtime`]).
     pub fn hurry(&self) {

@@ -106,8 +106,10 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         }
     };
     rec.lua.sampling_started();
-    // Started: the thread that drains leaves the realtime class (priority::realtime).
+    // Started: the thread that drains leaves the realtime class (priority::realtime), and
+    // the learner's too.
     crate::priority::realtime(false);
+    rec.learner.relax();
     let mut features = features::wanted(cfg, attached);
     // `-d` counts from lrec's start: samples taken after it are not written, whatever
     // lrec was doing when its time came.
