@@ -2,7 +2,7 @@
 //! `cargo run --release -p lrec-inspect --example events -- FILE SYMBOL|0xADDR [DEPTH]`.
 
 use lrec_inspect::elf::Code;
-use lrec_inspect::x86::{evaluate, Options};
+use lrec_inspect::eval::{evaluate, Options};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

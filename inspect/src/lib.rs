@@ -16,8 +16,10 @@ pub mod budget;
 pub mod debug_files;
 pub mod dwarf;
 pub mod elf;
+pub mod eval;
 pub mod files;
 pub mod lua;
+pub mod symbolic;
 pub mod x86;
 
 /// Both tools' `--version`: the crate's, or what `make dist` gives (`LREC_VERSION`: the

@@ -1,8 +1,6 @@
-//! A symbolic evaluator of x86-64 functions: runs a function's instructions (decoded by
-//! iced-x86) over symbolic values ([`Expr`]) and lists what it reads, writes, compares,
-//! calls and returns in terms of its arguments. The layout learners ask these events
-//! questions such as "what does `lua_gettop` return, from which fields of its argument":
-//! the offsets compiled into the code are the build's own.
+//! The symbolic evaluator of x86-64 functions (what `eval::evaluate` runs for x86-64 code): runs a
+//! function's instructions (decoded by iced-x86) over symbolic values ([`Expr`]) and lists
+//! what it reads, writes, compares, calls and returns in terms of its arguments.
 //!
 //! Path-insensitive and forward only: instructions are taken in address order; a forward
 //! branch carries the state to its target, where it merges with the others (a register
@@ -11,7 +9,6 @@
 //! the caller's values as arguments.
 
 mod decode;
-pub mod expr;
 mod state;
 
 use std::collections::HashMap;
@@ -22,9 +19,9 @@ use iced_x86::{
 };
 
 use crate::elf::Code;
+use crate::symbolic::{Event, Expr, Op, Options};
 use decode::operand_size;
 pub use decode::{decode, immediate};
-pub use expr::{Expr, Op};
 use state::{gpr, State};
 
 /// Registers a call may change (System V: all but rbx, rbp, rsp, r12–r15).
@@ -40,67 +37,7 @@ const CALLER_SAVED: [Register; 9] = [
     Register::R11,
 ];
 
-/// What an instruction did, in symbolic values.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Load {
-        at: u64,
-        addr: Expr,
-        size: u8,
-    },
-    Store {
-        at: u64,
-        addr: Expr,
-        value: Expr,
-        size: u8,
-    },
-    /// `cmp a, b` or (`test`) `test a, b`.
-    Compare {
-        at: u64,
-        a: Expr,
-        b: Expr,
-        size: u8,
-        test: bool,
-    },
-    Call {
-        at: u64,
-        target: Option<u64>,
-        args: Vec<Expr>,
-    },
-    Return {
-        at: u64,
-        value: Expr,
-    },
-    /// An indirect jump (a dispatch through a table, a computed goto, a tail call through
-    /// a pointer, which passes `args`: the argument registers there).
-    Jump {
-        at: u64,
-        target: Expr,
-        args: Vec<Expr>,
-    },
-}
-
-/// How far the evaluation goes.
-#[derive(Debug, Clone, Copy)]
-pub struct Options {
-    /// Direct calls evaluated in place, nested this deep (0: none).
-    pub inline_depth: u32,
-    /// Instructions evaluated in all, callees included.
-    pub budget: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            inline_depth: 0,
-            budget: 20_000,
-        }
-    }
-}
-
-/// Evaluates the function at `start` (its end from `code`), with `args` for its first
-/// arguments (`Expr::Arg(n)` for the others). Returns its events in address order of
-/// evaluation.
+/// What `eval::evaluate` does for x86-64 code.
 pub fn evaluate(code: &Code, start: u64, args: &[Expr], opts: Options) -> Vec<Event> {
     let mut run = Run {
         code,

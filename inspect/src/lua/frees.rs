@@ -5,7 +5,7 @@
 //! so never inlined), PUC Lua's `luaF_freeproto`.
 
 use crate::elf;
-use crate::x86::{self, Expr};
+use crate::eval::{self, Expr};
 
 /// The VM, as ebpf/lua_frees.h numbers them (`LUA_VM_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -126,15 +126,15 @@ pub fn luajit_free_by_code(data: &[u8]) -> Result<u64, String> {
         if end - start > LUAJIT_FREE_MAX {
             return false;
         }
-        let opts = x86::Options {
+        let opts = eval::Options {
             inline_depth: 0,
             budget: 200,
         };
-        let mut calls = x86::evaluate(&code, start, &[], opts)
+        let mut calls = eval::evaluate(&code, start, &[], opts)
             .into_iter()
             .filter_map(|e| match e {
-                x86::Event::Call { target, args, .. } => Some((target.is_none(), args)),
-                x86::Event::Jump { target, args, .. } => Some((of_g(&target), args)),
+                eval::Event::Call { target, args, .. } => Some((target.is_none(), args)),
+                eval::Event::Jump { target, args, .. } => Some((of_g(&target), args)),
                 _ => None,
             });
         match (calls.next(), calls.next()) {
@@ -197,14 +197,14 @@ pub fn puc_free_by_code(data: &[u8], p_code: u32, p_lineinfo: u32) -> Result<u64
         if calls < 2 {
             return false;
         }
-        let opts = x86::Options {
+        let opts = eval::Options {
             inline_depth: 0,
             budget: 2_000,
         };
         let mut targets: [Vec<u64>; 2] = Default::default();
         let mut callees = Vec::new();
-        for e in x86::evaluate(&code, start, &[], opts) {
-            let x86::Event::Call { target, args, .. } = e else {
+        for e in eval::evaluate(&code, start, &[], opts) {
+            let eval::Event::Call { target, args, .. } = e else {
                 continue;
             };
             callees.push(target);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use iced_x86::Register;
 
-use super::Expr;
+use crate::symbolic::Expr;
 
 /// Argument registers of the System V ABI, in order.
 pub(super) const ARGS: [Register; 6] = [

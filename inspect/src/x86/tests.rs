@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use super::*;
+use crate::symbolic::expr;
 
 /// An executable whose function `f` is `body` (GNU assembler, AT&T syntax), built with
 /// gcc, with an unwind entry so that the evaluator finds its end.

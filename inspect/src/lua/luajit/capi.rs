@@ -1,4 +1,4 @@
-//! Offsets read from LuaJIT's C API, evaluated symbolically ([`crate::x86`]): the
+//! Offsets read from LuaJIT's C API, evaluated symbolically ([`crate::eval`]): the
 //! interpreter never reads a prototype's chunk name or lines, but `lua_getinfo` does, and
 //! `lua_close` reads the main thread. Shared libraries export the API, and so does the
 //! `luajit` executable (it is linked with `-Wl,-E`); a stripped host that exports nothing
@@ -7,7 +7,7 @@
 //! `lua_Debug` is public ABI: `source` at 32, `short_src` at 56 on x86_64.
 
 use crate::elf::Code;
-use crate::x86::{evaluate, Event, Expr, Op, Options};
+use crate::eval::{evaluate, Event, Expr, Op, Options};
 
 use crate::lua::evidence::Facts;
 

@@ -1,11 +1,11 @@
-//! Offsets read from PUC Lua's C API, evaluated symbolically ([`crate::x86`]). Shared
+//! Offsets read from PUC Lua's C API, evaluated symbolically ([`crate::eval`]). Shared
 //! libraries export the API, and so do hosts linked with `-Wl,-E` (the `lua` executable,
 //! redis, skynet); each function below reads a few fields and names them by what it does
 //! with them. `lua_Debug` is public ABI, per release.
 
 use crate::elf::Code;
+use crate::eval::{evaluate, Event, Expr, Op, Options};
 use crate::lua::evidence::Facts;
-use crate::x86::{evaluate, Event, Expr, Op, Options};
 
 /// `lua_Debug`'s `source`, `linedefined`, `lastlinedefined`, `nparams` and `isvararg`, by
 /// minor release (5.1 has no nparams).
