@@ -276,39 +276,22 @@ fn one(path: &Path) {
 
 /// What `met` found of Lua, for the line.
 fn lua(met: &Met) -> String {
-    let ok = |r: &Result<String, String>| match r {
-        Ok(s) => s.clone(),
-        Err(e) => format!("NOT ({e})"),
-    };
+    // A part's outcome: what it found, or why not.
+    fn said<T, S: std::fmt::Display>(r: &Result<T, String>, what: impl Fn(&T) -> S) -> String {
+        match r {
+            Ok(t) => what(t).to_string(),
+            Err(e) => format!("NOT ({e})"),
+        }
+    }
     if let Some(j) = &met.luajit {
-        let learned = ok(&j
-            .learned
-            .as_ref()
-            .map(|l| l.summary())
-            .map_err(Clone::clone));
-        let free = ok(&j
-            .free
-            .as_ref()
-            .map(|f| f.found_by.to_string())
-            .map_err(Clone::clone));
+        let learned = said(&j.learned, |l| l.summary());
+        let free = said(&j.free, |f| f.found_by);
         return format!(" lua: LuaJIT; layout {learned}; free {free}");
     }
     if let Some(p) = &met.puc {
-        let learned = ok(&p
-            .learned
-            .as_ref()
-            .map(|l| l.summary())
-            .map_err(Clone::clone));
-        let free = ok(&p
-            .free
-            .as_ref()
-            .map(|f| f.found_by.to_string())
-            .map_err(Clone::clone));
-        let exec = ok(&p
-            .execute
-            .as_ref()
-            .map(|e| e.2.to_string())
-            .map_err(Clone::clone));
+        let learned = said(&p.learned, |l| l.summary());
+        let free = said(&p.free, |f| f.found_by);
+        let exec = said(&p.execute, |e| e.2);
         let (minor, patch) = p.release;
         return format!(
             " lua: Lua 5.{minor}.{patch}; layout {learned}; luaV_execute {exec}; free {free}"
