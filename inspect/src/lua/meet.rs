@@ -250,6 +250,59 @@ pub fn find_strings(
 mod tests {
     use super::*;
 
+    /// A budget that runs out leaves each part it did not finish an `Err` that says so,
+    /// never half a layout, and the meeting says why it stopped.
+    #[test]
+    fn a_budget_run_out_gives_up_and_says_so() {
+        use crate::lua::system_files::LIB;
+        let path = format!("{LIB}/liblua5.4.so.0");
+        let Ok(file) = File::open(&path) else {
+            eprintln!("{path} is missing (`make setup` installs it): not checked");
+            return;
+        };
+        // SAFETY: a read-only mapping of a system library.
+        let data = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let nowhere = Path::new("/nonexistent");
+        let whole = meet(&path, &file, &data, nowhere, Budget::for_binary(None));
+        let p = whole.puc.as_ref().expect("Lua 5.4 found");
+        assert!(whole.stopped.is_none() && p.learned.is_ok() && p.execute.is_ok());
+        // One unit short of what it took: the part that ran out is given up, not guessed,
+        // and every part after it is not tried.
+        let short = Budget {
+            units: whole.units - 1,
+            ..Budget::for_binary(None)
+        };
+        let cut = meet(&path, &file, &data, nowhere, short);
+        assert!(
+            matches!(cut.stopped, Some(Spent::Units(_))),
+            "{:?}",
+            cut.stopped
+        );
+        let p = cut.puc.as_ref().expect("the version string is read first");
+        let parts = [
+            p.learned.as_ref().err(),
+            p.free.as_ref().err(),
+            p.execute.as_ref().err(),
+        ];
+        let given_up = parts
+            .iter()
+            .flatten()
+            .filter(|e| e.contains("given up"))
+            .count();
+        assert_eq!(given_up, 1, "{parts:?}");
+        assert!(
+            parts.iter().flatten().all(|e| e.contains("work budget")),
+            "{parts:?}"
+        );
+        // With next to nothing, not even the strings are read: no VM, and why.
+        let tiny = Budget {
+            units: 1,
+            ..Budget::for_binary(None)
+        };
+        let cut = meet(&path, &file, &data, nowhere, tiny);
+        assert!(cut.stopped.is_some() && !cut.has_lua());
+    }
+
     #[test]
     fn strings_are_found_across_pieces_and_at_the_end() {
         use std::io::Write;

@@ -43,6 +43,15 @@ impl Recording {
             let Some(met) = l.met else {
                 continue;
             };
+            if let (Some(why), false) = (met.stopped, met.has_lua()) {
+                // A VM found says what was cut short in its own line; this binary was not
+                // looked at in full for one.
+                self.lua.messages.push(format!(
+                    "{}: not looked at in full for a Lua VM ({why}); if it holds one, \
+                     recording native stacks only",
+                    l.path
+                ));
+            }
             self.note_met(&l.key, &l.path, l.probe_path, met);
         }
     }
