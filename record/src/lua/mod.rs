@@ -520,17 +520,22 @@ impl LuaVms {
         Some(self.memos.resolve(sample.cpu, walk?))
     }
 
-    /// Whether process `pid`'s samples are held back: BPF walks its Lua frames with a
-    /// layout still being proved, and they are written once it is decided (with their
-    /// Lua frames if it is proved, without if not).
-    pub fn holding(&self, pid: u32) -> bool {
-        let pending = |p: &ProcessVm| {
+    /// Whether a sample of process `pid` whose walk is `walk` is held back: BPF walked its
+    /// Lua frames with a layout still being proved, and it is written once that is
+    /// decided (with its Lua frames if it is proved, without if not). A sample without a
+    /// walk, or walked with a layout proved, is written at once.
+    pub fn holding(&self, pid: u32, walk: Option<&LuaWalk>) -> bool {
+        let Some(w) = walk else {
+            return false;
+        };
+        let by_puc = u32::from(w.header.flags) & lua_flags::PUC != 0;
+        let vms = if by_puc { &self.puc } else { &self.luajit };
+        vms.get(&pid).is_some_and(|p| {
             matches!(
                 p.detection,
                 Detection::Pending { .. } | Detection::PucPending { .. }
             )
-        };
-        self.luajit.get(&pid).is_some_and(pending) || self.puc.get(&pid).is_some_and(pending)
+        })
     }
 
     /// Converts the Lua frames BPF walked (as [`Self::observe`] returned them) into a

@@ -1,10 +1,11 @@
-//! Samples held back while their process's Lua layout is being proved. BPF walks the
-//! process's Lua frames from its first samples with the layout learned from its binary;
-//! until its samples have proved it, they are kept here, not written: once it is proved
-//! they are written with their Lua frames, and if it is not, without them. So an attached
-//! VM's samples carry Lua frames from the first, and none carries frames read with a
-//! layout that turned out wrong. Bounded: past [`MAX_HELD_BYTES`] the held samples are
-//! written as they are (their Lua frames only if proved by then).
+//! Samples held back while their Lua layout is being proved. BPF walks a process's Lua
+//! frames from its first samples with the layout learned from its binary; until the
+//! samples have proved it, the ones it walked are kept here, not written (the others are
+//! written at once): once it is proved they are written with their Lua frames, and if it
+//! is not, without them. So an attached VM's samples carry Lua frames from the first, and
+//! none carries frames read with a layout that turned out wrong. Bounded: past
+//! [`MAX_HELD_BYTES`] samples are written as they come (their Lua frames only if proved by
+//! then); a proof takes a few samples, or gives up within its budget.
 
 use anyhow::Result;
 use lrec_format::{OffCpu, Record, Sample, OFF_CPU_LUA_YIELD};
@@ -38,7 +39,7 @@ impl Recording {
         off_cpu: Option<OffInterval>,
     ) -> Result<()> {
         let size = sample.user_stack.len() + std::mem::size_of::<Held>();
-        if self.lua.holding(sample.pid) && self.held.bytes + size <= MAX_HELD_BYTES {
+        if self.lua.holding(sample.pid, walk.as_ref()) && self.held.bytes + size <= MAX_HELD_BYTES {
             self.held.bytes += size;
             let walk = walk.map(|w| LuaWalk {
                 header: w.header,
@@ -63,7 +64,7 @@ impl Recording {
         let queue = std::mem::take(&mut self.held.queue);
         self.held.bytes = 0;
         for h in queue {
-            if !all && self.lua.holding(h.sample.pid) {
+            if !all && self.lua.holding(h.sample.pid, h.walk.as_ref()) {
                 self.held.bytes += h.sample.user_stack.len() + std::mem::size_of::<Held>();
                 self.held.queue.push(h);
             } else {
