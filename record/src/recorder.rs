@@ -102,7 +102,7 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
                 drop(rec);
                 let _ = std::fs::remove_file(output);
             }
-            return Err(e.into());
+            return Err(e);
         }
     };
     rec.lua.sampling_started();
@@ -194,16 +194,18 @@ fn open_capture(cfg: &Config, target: &Target, output: &Path) -> Result<Recordin
     Ok(rec)
 }
 
-/// The BPF programs loaded and attached for what `cfg` asks, sampling `pids`.
+/// The BPF programs loaded and attached for what `cfg` asks, sampling `pids`: the Lua
+/// layouts the learner met while the programs loaded (an attached target's binaries,
+/// mostly all of them) are in place before the first tick.
 fn attach_sampler(
     cfg: &Config,
     target: &Target,
     rec: &mut Recording,
     pids: &[u32],
-) -> Result<Sampler, crate::sampler::SamplerError> {
+) -> Result<Sampler> {
     let ring_bytes = cfg.ring_mib() << 20;
     rec.lost_causes.ring_bytes = u64::from(ring_bytes);
-    Sampler::attach(&SamplerConfig {
+    let mut sampler = Sampler::attach(&SamplerConfig {
         pids: pids.to_vec(),
         follow_children: cfg.follow_children,
         frequency_hz: cfg.frequency_hz,
@@ -215,7 +217,11 @@ fn attach_sampler(
         latency: cfg.latency.as_ref().map(|l| l.events),
         lua: rec.lua.take_configs(),
         puc: rec.lua.take_puc_configs(),
-    })
+    })?;
+    rec.take_learned();
+    install_lua_configs(&mut sampler, rec)?;
+    sampler.start_sampling()?;
+    Ok(sampler)
 }
 
 /// The recording loop: wakes when samples wait (or a feature's time comes, or at the

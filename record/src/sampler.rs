@@ -98,6 +98,7 @@ pub struct Sampler {
     puc_config: BpfHashMap<MapData, u32, RawPucConfig>,
     /// The cpu-clock events, one per CPU, until [`Sampler::stop_sampling`].
     ticks: Vec<aya::programs::perf_event::PerfEventLinkId>,
+    frequency_hz: u64,
     lua_protos: RingBuf<MapData>,
     _targets: BpfHashMap<MapData, u32, u32>,
     loader: Option<LoaderWatch>,
@@ -204,10 +205,11 @@ impl Sampler {
             // SAFETY: malloc_trim has no preconditions.
             unsafe { libc::malloc_trim(0) };
         });
-        let ticks = start_ticks(&mut ebpf, cfg.frequency_hz)?;
+        load_sampler(&mut ebpf)?;
         Ok(Sampler {
             ebpf,
-            ticks,
+            ticks: Vec::new(),
+            frequency_hz: cfg.frequency_hz,
             ring,
             lost,
             lua_config,
@@ -221,6 +223,16 @@ impl Sampler {
             latency: Default::default(),
             woke_ns: 0,
         })
+    }
+
+    /// Starts taking samples: the cpu-clock events of every CPU, at the rate asked for
+    /// (after the configurations known so far are in place: the first samples walk with
+    /// them).
+    pub fn start_sampling(&mut self) -> Result<(), SamplerError> {
+        if self.ticks.is_empty() {
+            self.ticks = start_ticks(&mut self.ebpf, self.frequency_hz)?;
+        }
+        Ok(())
     }
 
     /// Stops taking samples (the recording's duration is over): what the ring holds can
@@ -636,6 +648,16 @@ fn attach_tracing(ebpf: &mut Ebpf, btf: &Btf, cfg: &SamplerConfig) -> Result<(),
 /// Sampling starts: the cpu-clock events at `frequency_hz`, one per CPU, each with a tgid
 /// filter in BPF (which also covers threads created later, which per-thread events would
 /// miss).
+/// The sampler program loaded (the verifier's work, most of lrec's start), not attached.
+fn load_sampler(ebpf: &mut Ebpf) -> Result<(), SamplerError> {
+    let prog: &mut PerfEvent = ebpf
+        .program_mut("sample")
+        .expect("sample program is in the object")
+        .try_into()
+        .map_err(SamplerError::Program)?;
+    prog.load().map_err(SamplerError::Program)
+}
+
 fn start_ticks(
     ebpf: &mut Ebpf,
     frequency_hz: u64,
@@ -646,7 +668,6 @@ fn start_ticks(
         .expect("sample program is in the object")
         .try_into()
         .map_err(SamplerError::Program)?;
-    prog.load().map_err(SamplerError::Program)?;
     let mut ticks = Vec::with_capacity(cpus.len());
     for cpu in cpus {
         let link = prog
