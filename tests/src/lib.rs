@@ -27,8 +27,16 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A binary of the build this test belongs to (lrec, lanalyze, `examples/sweep`): beside
+/// the test's own executable (`…/release/deps/TEST`), wherever the build put it
+/// (`target/release`, or `target/TRIPLE/release` for `make build`'s static one).
 pub fn bin(name: &str) -> PathBuf {
-    let p = root().join("target/release").join(name);
+    let exe = std::env::current_exe().expect("the test's own path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(|| root().join("target/release"), Path::to_path_buf);
+    let p = dir.join(name);
     assert!(p.exists(), "{} is missing: run `make build`", p.display());
     p
 }
