@@ -6,7 +6,9 @@
  * lua_yield notes when the coroutine stopped; lua_resume of the same coroutine, when it
  * waited at least off_cpu_min_ns, records the wait through the sample path: the resumer's
  * registers and stack (what woke it), and the coroutine's own Lua frames, intact while
- * it is suspended, walked from its lua_State (flagged LREC_LUA_SUSPENDED). */
+ * it is suspended, walked from its lua_State (flagged LREC_LUA_SUSPENDED). Only its part
+ * inside the recording's window counts (offcpu.h's in_window); a coroutine still
+ * suspended when the recording ends is not seen. */
 #ifndef LREC_LUA_WAIT_H
 #define LREC_LUA_WAIT_H
 
@@ -95,12 +97,18 @@ int on_lua_resume(struct pt_regs *ctx)
 	if (!cfg || bpf_probe_read_user(&status, 1, (void *)(k.l + (cfg->gc64 ? 11 : 7))) ||
 	    status != LUA_YIELD)
 		return 0;
+	/* Counted by its part inside the recording's window, under the resuming thread. */
+	struct lrec_task *st = recorded_task(bpf_get_current_task_btf());
+	if (!st)
+		return 0;
 	__u32 cpu = bpf_get_smp_processor_id();
 	struct sample_buf *b = begin(id, cpu, LREC_KIND_OFF_CPU);
 	if (!b)
 		return 0;
-	__u64 d = b->s.time_ns - start;
-	if (d < off_cpu_min_ns) {
+	__u64 from, d = in_window(st, start, b->s.time_ns, &from);
+	if (!d)
+		return 0;
+	if (b->s.time_ns - start < off_cpu_min_ns) {
 		lua_wait_count_short(d);
 		return 0;
 	}
@@ -109,7 +117,7 @@ int on_lua_resume(struct pt_regs *ctx)
 		return 0;
 	struct lrec_sample *s = &b->s;
 	s->off_state = LREC_OFF_LUA_YIELD;
-	s->off_start = start;
+	s->off_start = from;
 	s->off_ns = d;
 	/* A uprobe's registers are the task's saved user registers. */
 	struct pt_regs r;

@@ -9,6 +9,10 @@
  * registers are still those it blocked with. Shorter intervals, waits for a CPU
  * (preemption) and blocks whose user context is gone are only counted, per thread.
  *
+ * Only the part of an interval inside the recording's window counts (recording_window:
+ * the span its CPU samples describe): one that began before it is cut at its start, one
+ * still open at its end is cut at its end, and each thread counts the intervals cut.
+ *
  * Thread states: a task iterator, run by lrec at a fixed rate, writes each recorded
  * thread's state, system call, wait and kernel stack. */
 #ifndef LREC_OFFCPU_H
@@ -21,6 +25,21 @@
 const volatile __u64 off_cpu_min_ns = 1000000;
 /* When lrec loaded these programs (CLOCK_MONOTONIC ns). */
 const volatile __u64 attach_ns = 0;
+
+/* The recording's window (CLOCK_MONOTONIC ns), written by lrec: start_ns is 0 until
+ * sampling starts (nothing is counted before), end_ns 0 until its end is known (-d's
+ * deadline, known at the start; else the moment sampling stops). */
+struct lrec_window {
+	__u64 start_ns;
+	__u64 end_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lrec_window);
+} recording_window SEC(".maps");
 
 /* What lrec keeps per thread (task storage: freed with the task; created only for the
  * recorded processes' threads, so its presence marks one). */
@@ -40,10 +59,19 @@ struct lrec_task {
 	__u64 woken_ns;   /* last woken at (--states) */
 	__u32 woken_from; /* the state it was woken from */
 	__u32 pad;
-	/* The intervals counted, not recorded: copied to thread_totals when the thread
-	 * exits and when lrec runs flush_totals at the end. */
+	/* The intervals counted, not recorded, and those the window cut: copied to
+	 * thread_totals when the thread exits and when lrec runs flush_totals at the end. */
 	struct lrec_thread_totals totals;
+	__u64 cut_at_start;
+	__u64 cut_at_end;
 	__u64 kstack[LREC_MAX_KSTACK];
+};
+
+/* What thread_totals holds per thread (lrec reads it as is: record/src/sampler/off_cpu.rs). */
+struct lrec_thread_off_cpu {
+	struct lrec_thread_totals totals;
+	__u64 cut_at_start; /* intervals that began before the window: counted from its start */
+	__u64 cut_at_end;   /* intervals still open at its end: counted to it */
 };
 
 struct {
@@ -58,7 +86,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
-	__type(value, struct lrec_thread_totals);
+	__type(value, struct lrec_thread_off_cpu);
 } thread_totals SEC(".maps");
 
 /* The kernel's struct pt_regs, the two fields read here (CO-RE relocated). */
@@ -99,12 +127,43 @@ static __always_inline struct lrec_task *recorded_task(struct task_struct *task)
 	return st;
 }
 
+/* The part of the interval [from, to] of thread st inside the recording's window: its
+ * length (0 if none of it is, or the window is not open yet), and where it begins in
+ * *start. Counts the interval in st as cut at the window's start or end if it was. */
+static __always_inline __u64 in_window(struct lrec_task *st, __u64 from, __u64 to, __u64 *start)
+{
+	__u32 zero = 0;
+	struct lrec_window *w = bpf_map_lookup_elem(&recording_window, &zero);
+	if (!w || !w->start_ns)
+		return 0;
+	__u64 a = from, b = to, end = w->end_ns;
+	if (a < w->start_ns)
+		a = w->start_ns;
+	if (end && b > end)
+		b = end;
+	*start = a;
+	if (b <= a)
+		return 0;
+	st->cut_at_start += a != from;
+	st->cut_at_end += b != to;
+	return b - a;
+}
+
+/* A thread's bookkeeping changes at its own context switches, system-call exits and
+ * lua_resume calls, which never run at the same time, and in the task iterators lrec runs
+ * once at each end of the recording, which may run beside them on another CPU: the time
+ * off CPU since out_ns and the time owed a stack are each taken with one exchange, so
+ * that either side counts an interval, never both. */
+#define lrec_take(field) __atomic_exchange_n(&(field), 0, __ATOMIC_RELAXED)
+
 /* The owed stack can no longer be taken: count its time. */
 static __always_inline void unpaired(struct lrec_task *st)
 {
-	st->totals.unpaired_count += 1;
-	st->totals.unpaired_ns += st->owed_ns;
-	st->owed_ns = 0;
+	__u64 d = lrec_take(st->owed_ns);
+	if (d) {
+		st->totals.unpaired_count += 1;
+		st->totals.unpaired_ns += d;
+	}
 }
 
 /* Recorded thread prev leaves the CPU. */
@@ -122,21 +181,22 @@ static __always_inline void switch_out(struct lrec_task *st, struct task_struct 
 	st->out_sp = sp;
 }
 
-/* Recorded thread next gets a CPU back. */
+/* Recorded thread next gets a CPU back. Its interval off CPU is classified by its whole
+ * length and counted by its part inside the window. */
 static __always_inline void switch_in(struct lrec_task *st, struct task_struct *next, __u64 now)
 {
-	if (!st->out_ns)
+	__u64 from = lrec_take(st->out_ns), start;
+	if (!from)
 		return;
-	__u64 d = now - st->out_ns;
-	st->out_ns = 0;
-	/* Plain adds: a thread's bookkeeping changes only at its own context switches and
-	 * system-call exits, which never run at the same time. */
+	__u64 d = in_window(st, from, now, &start);
+	if (!d)
+		return;
 	if (st->out_state == 0) {
 		st->totals.runnable_count += 1;
 		st->totals.runnable_ns += d;
 		return;
 	}
-	if (d < off_cpu_min_ns) {
+	if (now - from < off_cpu_min_ns) {
 		st->totals.short_count += 1;
 		st->totals.short_ns += d;
 		return;
@@ -144,7 +204,7 @@ static __always_inline void switch_in(struct lrec_task *st, struct task_struct *
 	if (st->owed_ns && (st->out_ip != st->owed_ip || st->out_sp != st->owed_sp))
 		unpaired(st);
 	if (!st->owed_ns) {
-		st->owed_start = now - d;
+		st->owed_start = start;
 		st->owed_state = st->out_state;
 		st->owed_ip = st->out_ip;
 		st->owed_sp = st->out_sp;
@@ -152,7 +212,7 @@ static __always_inline void switch_in(struct lrec_task *st, struct task_struct *
 		long len = bpf_get_task_stack(next, st->kstack, sizeof(st->kstack), 0);
 		st->kstack_len = len > 0 ? len / sizeof(__u64) : 0;
 	}
-	st->owed_ns += d;
+	__sync_fetch_and_add(&st->owed_ns, d);
 }
 
 /* Runs at every context switch of the machine: for other threads it costs a task
@@ -178,11 +238,18 @@ int BPF_PROG(on_switch, _Bool preempt, struct task_struct *prev, struct task_str
 	return 0;
 }
 
-/* Copies a thread's counted intervals where lrec reads them. */
+/* Copies a thread's counted intervals and cuts where lrec reads them. */
 static __always_inline void flush_task_totals(struct lrec_task *st)
 {
-	if (st->totals.short_count | st->totals.runnable_count | st->totals.unpaired_count)
-		bpf_map_update_elem(&thread_totals, &st->totals.tid, &st->totals, BPF_ANY);
+	if (!(st->totals.short_count | st->totals.runnable_count | st->totals.unpaired_count |
+	      st->cut_at_start | st->cut_at_end))
+		return;
+	struct lrec_thread_off_cpu v = {
+		.totals = st->totals,
+		.cut_at_start = st->cut_at_start,
+		.cut_at_end = st->cut_at_end,
+	};
+	bpf_map_update_elem(&thread_totals, &st->totals.tid, &v, BPF_ANY);
 }
 
 struct bpf_iter_meta___lrec {
@@ -194,9 +261,39 @@ struct bpf_iter__task___lrec {
 	struct task_struct *task;
 } __attribute__((preserve_access_index));
 
-/* Run once by lrec at the end: the living threads' totals into thread_totals, with the
- * time of blocks still in progress or whose stack is still owed (counted, as their stacks
- * cannot be taken any more) and of waits for a CPU in progress. */
+/* Recorded thread task, off CPU and not switched since lrec attached (it has no
+ * bookkeeping yet): noted as off CPU since then, in the state it is in. */
+static __always_inline struct lrec_task *off_since_attach(struct task_struct *task)
+{
+	struct task_struct___lrec *t = (void *)task;
+	if (t->on_cpu || t->exit_state)
+		return NULL;
+	struct lrec_task *st = recorded_task(task);
+	if (st) {
+		st->out_state = t->__state;
+		saved_ip_sp(task, &st->out_ip, &st->out_sp);
+		/* Unless it was switched out meanwhile. */
+		__sync_val_compare_and_swap(&st->out_ns, 0, attach_ns);
+	}
+	return st;
+}
+
+/* Run once by lrec when an attached target's recording starts: a thread off CPU since
+ * before lrec attached (blocked in a long call, or waiting for a CPU) is noted, so that
+ * when it gets a CPU back its interval counts from the window's start, with its stack. */
+SEC("iter/task")
+int open_window(struct bpf_iter__task___lrec *ctx)
+{
+	struct task_struct *task = ctx->task;
+	if (task && !bpf_task_storage_get(&tasks, task, 0, 0))
+		off_since_attach(task);
+	return 0;
+}
+
+/* Run once by lrec at the end, after the window closed: the living threads' totals into
+ * thread_totals, with the time of blocks still in progress or whose stack is still owed
+ * (counted, as their stacks cannot be taken any more) and of waits for a CPU in
+ * progress, up to the window's end. */
 SEC("iter/task")
 int flush_totals(struct bpf_iter__task___lrec *ctx)
 {
@@ -205,29 +302,23 @@ int flush_totals(struct bpf_iter__task___lrec *ctx)
 		return 0;
 	struct lrec_task *st = bpf_task_storage_get(&tasks, task, 0, 0);
 	struct task_struct___lrec *t = (void *)task;
-	if (!st && t->__state && !t->exit_state) {
-		/* A recorded thread that has not been switched since lrec attached: blocked
-		 * all along (a zombie is not). */
-		st = recorded_task(task);
-		if (st) {
-			st->out_ns = attach_ns;
-			st->out_state = t->__state;
-		}
-	}
+	/* Not switched since lrec attached, and blocked (a thread open_window did not see,
+	 * or of a target lrec started): blocked all along. */
+	if (!st && t->__state)
+		st = off_since_attach(task);
 	if (!st)
 		return 0;
-	if (st->out_ns) {
-		__u64 d = bpf_ktime_get_ns() - st->out_ns;
-		st->out_ns = 0;
+	__u64 from = lrec_take(st->out_ns);
+	if (from) {
+		__u64 start, d = in_window(st, from, bpf_ktime_get_ns(), &start);
 		if (st->out_state == 0) {
-			st->totals.runnable_count += 1;
+			st->totals.runnable_count += d > 0;
 			st->totals.runnable_ns += d;
 		} else {
-			st->owed_ns += d;
+			__sync_fetch_and_add(&st->owed_ns, d);
 		}
 	}
-	if (st->owed_ns)
-		unpaired(st);
+	unpaired(st);
 	flush_task_totals(st);
 	return 0;
 }
@@ -255,16 +346,17 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (!b)
 		return 0;
 	struct lrec_sample *s = &b->s;
+	s->off_ns = lrec_take(st->owed_ns);
+	if (!s->off_ns)
+		return 0;
 	s->flags = LREC_KERNEL_MODE;
 	s->off_state = st->owed_state;
 	s->off_start = st->owed_start;
-	s->off_ns = st->owed_ns;
 	__u32 k = st->kstack_len;
 	if (k > LREC_MAX_KSTACK)
 		k = LREC_MAX_KSTACK;
 	s->kstack_len = k;
 	__builtin_memcpy(s->kstack, st->kstack, sizeof(s->kstack));
-	st->owed_ns = 0;
 	emit(b, &r, cpu);
 	return 0;
 }

@@ -203,6 +203,7 @@ pub(crate) fn assemble(
         naming: Naming::default(),
         mode: Default::default(),
         latency: None,
+        window: crate::waits::recording_window(meta),
     }
 }
 

@@ -32,7 +32,8 @@ use lrec_format::{Binary, Capture};
 
 pub use profile::{
     BinaryInfo, Frame, FrameId, FrameKind, Latencies, LuaLines, LuaVmInfo, Mode, Naming, OffCpu,
-    Profile, ProfileSample, SampleKind, StackEnd, Stats, Thread, ThreadState, Wait, Warning,
+    Profile, ProfileSample, RecordingWindow, SampleKind, StackEnd, Stats, Thread, ThreadState,
+    Wait, Warning,
 };
 
 /// What [`analyze`] should do.

@@ -4,8 +4,8 @@ use std::collections::HashMap;
 
 use lrec_format::{
     kind, kind_bit, Binary, Capture, End, Header, Latency, LatencyCall, LostCauses, LuaProto,
-    LuaRuntime, Mapping, OffCpuTotals, Process, ReadWarning, Record, RecordRef, ResolvedDetails,
-    ResolvedFrame, ResolvedSample, ResolvedSummary, ThreadStates,
+    LuaRuntime, Mapping, OffCpuTotals, OffCpuWindow, Process, ReadWarning, Record, RecordRef,
+    ResolvedDetails, ResolvedFrame, ResolvedSample, ResolvedSummary, ThreadStates,
 };
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
@@ -41,6 +41,8 @@ pub struct Metadata {
     pub resolved_details: Option<ResolvedDetails>,
     /// `lrec --off-cpu`: time counted per thread without stacks.
     pub off_cpu_totals: Option<OffCpuTotals>,
+    /// `lrec --off-cpu`, `--states`: the recording's window and the intervals it cut.
+    pub off_cpu_window: Option<OffCpuWindow>,
     /// `lrec --states`: every thread's state, in capture order.
     pub thread_states: Vec<ThreadStates>,
     /// `lrec --latency`, `--node-loop`: the last record of what was timed (one is written
@@ -206,6 +208,7 @@ impl Metadata {
             Record::ResolvedSummary(r) => self.resolved_summary = Some(r),
             Record::ResolvedDetails(r) => self.resolved_details = Some(r),
             Record::OffCpuTotals(t) => self.off_cpu_totals = Some(t),
+            Record::OffCpuWindow(w) => self.off_cpu_window = Some(w),
             Record::ThreadStates(t) => self.thread_states.push(t),
             Record::Latency(l) => self.latency = Some(l),
             Record::LatencyCall(c) => self.latency_calls.push(c),

@@ -285,6 +285,19 @@ pub struct Profile {
     pub mode: Mode,
     /// What `lrec --latency` or `--node-loop` timed, when it did.
     pub latency: Option<Latencies>,
+    /// The recording's window and the off-CPU intervals it cut, when lrec recorded them
+    /// (`--off-cpu`, `--states`).
+    pub window: Option<RecordingWindow>,
+}
+
+/// The span a capture's samples, off-CPU time and thread states describe
+/// (CLOCK_MONOTONIC ns), and per thread (by pid, tid, with its name) the off-CPU intervals
+/// it cut at its start and at its end.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordingWindow {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub cuts: Vec<(lrec_format::WindowCuts, String)>,
 }
 
 /// What `lrec --latency` or `--node-loop` measured: the capture's [`Latency`] record and

@@ -168,6 +168,7 @@ pub(crate) fn read_stripped(meta: &mut Metadata, opts: &Options) -> Profile {
         naming: opts.naming,
         mode: crate::Mode::Cpu,
         latency: meta.latencies(opts),
+        window: None,
     }
 }
 

@@ -7,13 +7,27 @@ use lrec_format::task_state_letter;
 
 use crate::address_space::ProcessMaps;
 use crate::metadata::Metadata;
-use crate::profile::{Frame, FrameKind, OffCpu, SampleKind, ThreadState, Wait};
+use crate::profile::{Frame, FrameKind, OffCpu, RecordingWindow, SampleKind, ThreadState, Wait};
 use crate::stages::{locate, ChunkFrames, UnwoundChunk, UnwoundSample, WarningCounter};
 use crate::unwind::CodeAddress;
 use crate::Options;
 
+/// The recording's window and the intervals it cut, each thread named (`None` for a
+/// capture without it: before lrec recorded it, or without `--off-cpu` and `--states`).
+pub(crate) fn recording_window(meta: &Metadata) -> Option<RecordingWindow> {
+    let w = meta.off_cpu_window.as_ref()?;
+    Some(RecordingWindow {
+        start_ns: w.start_ns,
+        end_ns: w.end_ns,
+        cuts: (w.threads.iter())
+            .map(|c| (*c, meta.thread_name(c.pid, c.tid)))
+            .collect(),
+    })
+}
+
 /// Time off CPU that lrec counted per thread without a stack, as samples without frames
-/// (their leaf marks what they are). Not time-resolved: left out of a `--time` window.
+/// (their leaf marks what they are), placed at the recording's end. Not time-resolved:
+/// left out of a `--time` window.
 pub(crate) fn unstacked_off_cpu(
     meta: &Metadata,
     opts: &Options,
@@ -31,7 +45,11 @@ pub(crate) fn unstacked_off_cpu(
         }
         totals => totals.as_ref(),
     };
-    let end = meta.end.as_ref().map_or(0, |e| e.time_ns);
+    let end = match (&meta.off_cpu_window, &meta.end) {
+        (Some(w), _) => w.end_ns,
+        (None, Some(e)) => e.time_ns,
+        (None, None) => 0,
+    };
     let threads = totals.map_or(&[][..], |t| &t.threads);
     for t in threads.iter().filter(|t| opts.keeps(0, t.pid, t.tid, 0)) {
         for (ns, wait) in [

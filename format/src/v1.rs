@@ -72,6 +72,9 @@ pub mod kind {
     pub const RESOLVED_HEAP: u16 = 31;
     /// Why samples were lost ([`LostCauses`](super::LostCauses)), written at the end.
     pub const LOST_CAUSES: u16 = 32;
+    /// The recording's window and the off-CPU intervals it cut
+    /// ([`OffCpuWindow`](super::OffCpuWindow)), written at the end.
+    pub const OFF_CPU_WINDOW: u16 = 33;
 }
 
 /// What the recording was and where it happened. Always the first record of a capture.
@@ -541,6 +544,7 @@ macro_rules! record_kinds {
             LuaHeapMemory = LUA_HEAP_MEMORY,
             ResolvedHeap = RESOLVED_HEAP,
             LostCauses = LOST_CAUSES,
+            OffCpuWindow = OFF_CPU_WINDOW,
         );
     };
 }

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use lrec_format::{sample_flags, Regs, Sample, ThreadOffCpuTotals, ThreadState};
+use lrec_format::{sample_flags, Regs, Sample, ThreadState};
 
 mod vm_config;
 pub use vm_config::*;
@@ -61,11 +61,6 @@ pub struct RawThreadState {
     pub user_sp: u64,
     pub kstack_len: u32,
     pub pad: u32,
-}
-
-/// A `struct lrec_thread_totals` as read from its map.
-pub fn decode_totals(bytes: &[u8; size_of::<ThreadOffCpuTotals>()]) -> ThreadOffCpuTotals {
-    read_pod(bytes, 0).expect("the array has the struct's size")
 }
 
 impl RawThreadState {
@@ -332,6 +327,7 @@ impl RawSample {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lrec_format::ThreadOffCpuTotals;
     use std::mem::{offset_of, size_of};
 
     /// Offsets as laid out by clang for ebpf/sample.h.

@@ -118,6 +118,9 @@ fn record_into(cfg: &Config, target: &mut Target, output: &Path) -> Result<Sampl
         let since = started.elapsed().as_nanos() as u64;
         procfs::monotonic_ns().saturating_sub(since) + d.as_nanos() as u64
     });
+    // The recording's window opened as sampling started; `-d` closes it (off-CPU time
+    // counts only inside it: sampler/off_cpu.rs).
+    rec.window.start_ns = sampler.open_window(rec.deadline_ns, attached)?;
     // From here on a signal stops the recording, its capture finished: before, it ended
     // lrec at once (signals.rs).
     signals::started();
@@ -346,6 +349,7 @@ fn end(
     output: &Path,
 ) -> Result<()> {
     sampler.stop_sampling();
+    rec.window.end_ns = sampler.window().1;
     rec.learner.stop();
     drain(sampler, &mut rec)?;
     for f in features.iter_mut() {
@@ -459,6 +463,9 @@ struct Recording {
     latency: Option<Tracker>,
     /// When `-d` runs out (CLOCK_MONOTONIC ns), and the samples taken after it, dropped.
     deadline_ns: Option<u64>,
+    /// The recording's window: its start, its end once sampling stopped, the off-CPU
+    /// intervals it cut (ending.rs writes it).
+    window: lrec_format::OffCpuWindow,
     /// The thread that meets new binaries: their Lua VMs and layouts.
     learner: Learner,
     /// Samples held while their process's Lua layout is proved.
@@ -505,6 +512,7 @@ impl Recording {
             runqueue_ns,
             latency: None,
             deadline_ns: None,
+            window: Default::default(),
             learner: Learner::new(debug_dir_for_learner),
             held: held::HeldSamples::default(),
             dwarf_shed: 0,

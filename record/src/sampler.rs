@@ -16,8 +16,9 @@ use crate::raw::{RawLuaConfig, RawPucConfig};
 
 mod frees;
 mod latency;
+mod off_cpu;
 pub use latency::{RawMark, Role, MAX_PROBES as MAX_LATENCY_PROBES, NONE as NO_PROBE};
-use lrec_format::ThreadOffCpuTotals;
+pub use off_cpu::ThreadOffCpu;
 
 static SAMPLE_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sample.bpf.o"));
 static LOADER_BPF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/loader.bpf.o"));
@@ -109,6 +110,8 @@ pub struct Sampler {
     latency: latency::LatencyLinks,
     /// When the last [`Sampler::wait`] returned (CLOCK_MONOTONIC ns).
     woke_ns: u64,
+    /// The recording's window (CLOCK_MONOTONIC ns; the end 0 until known): sampler/off_cpu.rs.
+    window: (u64, u64),
 }
 
 /// ebpf/loader.bpf.c: wakes lrec when the target's dynamic loader has mapped libraries.
@@ -222,6 +225,7 @@ impl Sampler {
             lua_waits_stopped: None,
             latency: Default::default(),
             woke_ns: 0,
+            window: (0, 0),
         })
     }
 
@@ -230,14 +234,17 @@ impl Sampler {
     /// them).
     pub fn start_sampling(&mut self) -> Result<(), SamplerError> {
         if self.ticks.is_empty() {
+            self.start_window()?;
             self.ticks = start_ticks(&mut self.ebpf, self.frequency_hz)?;
         }
         Ok(())
     }
 
-    /// Stops taking samples (the recording's duration is over): what the ring holds can
-    /// still be drained. Other probes (off-CPU, latency) stay until the sampler is dropped.
+    /// Stops taking samples (the recording's duration is over) and closes the recording's
+    /// window: what the ring holds can still be drained. Other probes (off-CPU, latency)
+    /// stay until the sampler is dropped.
     pub fn stop_sampling(&mut self) {
+        self.close_window();
         let Ok(prog) = <&mut PerfEvent>::try_from(
             self.ebpf
                 .program_mut("sample")
@@ -486,24 +493,6 @@ impl Sampler {
         Ok(out)
     }
 
-    /// Per thread, the off-CPU time counted but not recorded with stacks (threads still
-    /// alive are copied from their task storage first).
-    pub fn off_cpu_totals(&mut self) -> Result<Vec<ThreadOffCpuTotals>, SamplerError> {
-        const SIZE: usize = std::mem::size_of::<ThreadOffCpuTotals>();
-        self.run_iter("flush_totals")?;
-        let Some(map) = self.ebpf.map("thread_totals") else {
-            return Ok(Vec::new());
-        };
-        let Ok(map) = BpfHashMap::<_, u32, [u8; SIZE]>::try_from(map) else {
-            return Ok(Vec::new());
-        };
-        Ok(map
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, v)| crate::raw::decode_totals(&v))
-            .collect())
-    }
-
     /// Samples dropped by BPF so far because the ring buffer was full.
     pub fn lost(&self) -> u64 {
         self.lost
@@ -618,7 +607,7 @@ fn attach_tracing(ebpf: &mut Ebpf, btf: &Btf, cfg: &SamplerConfig) -> Result<(),
     }
     let mut iters = Vec::new();
     if cfg.off_cpu_min_ns.is_some() {
-        iters.push("flush_totals");
+        iters.extend(["open_window", "flush_totals"]);
     }
     if cfg.states {
         tracepoints.push(("on_sys_enter", "sys_enter"));

@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 
 use super::latency::{count, format_ns, Durations};
-use crate::{Latencies, Profile};
+use crate::{Latencies, Profile, RecordingWindow};
 
 /// Writes header fields, counts, threads, binaries and warnings.
 pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
@@ -119,6 +119,9 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
             t.pid, t.tid, t.name, t.samples
         )?;
     }
+    if let Some(w) = &profile.window {
+        write_window(h.monotonic_start_ns, w, out)?;
+    }
     if let Some(l) = &profile.latency {
         write_latency_summary(l, out)?;
     }
@@ -172,6 +175,41 @@ pub fn write_info(profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
                 n => writeln!(out, "  {} ({n} times)", w.message)?,
             }
         }
+    }
+    Ok(())
+}
+
+/// The recording's window (`lrec --off-cpu`, `--states`), from and to in seconds after
+/// the capture's start (as `--time` counts), and the off-CPU intervals it cut, in all and
+/// per thread.
+fn write_window(start_ns: u64, w: &RecordingWindow, out: &mut dyn Write) -> io::Result<()> {
+    let secs = |ns: u64| ns.saturating_sub(start_ns) as f64 / 1e9;
+    let (at_start, at_end) =
+        (w.cuts.iter()).fold((0, 0), |(s, e), (c, _)| (s + c.at_start, e + c.at_end));
+    writeln!(out)?;
+    writeln!(out, "off-CPU window")?;
+    writeln!(
+        out,
+        "  window:        {:.3} s, {:.3}..{:.3} s (the recording's: its samples, off-CPU \
+         time and thread states lie inside it)",
+        secs(w.end_ns) - secs(w.start_ns),
+        secs(w.start_ns),
+        secs(w.end_ns)
+    )?;
+    writeln!(
+        out,
+        "  cut at start:  {at_start} intervals (began before it: counted from its start)"
+    )?;
+    writeln!(
+        out,
+        "  cut at end:    {at_end} intervals (still open at its end: counted to it)"
+    )?;
+    for (c, name) in &w.cuts {
+        writeln!(
+            out,
+            "  {:>8} {:>8}  {:<16} {} at start, {} at end",
+            c.pid, c.tid, name, c.at_start, c.at_end
+        )?;
     }
     Ok(())
 }

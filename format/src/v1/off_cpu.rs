@@ -135,3 +135,30 @@ pub struct OffCpuTotals {
     pub min_ns: u64,
     pub threads: Vec<ThreadOffCpuTotals>,
 }
+
+/// The recording's window (CLOCK_MONOTONIC ns), written at the end with `--off-cpu` or
+/// `--states`: from when sampling started to `-d`'s end or, without one, the moment
+/// sampling stopped. The capture's CPU samples, off-CPU time (recorded with stacks and
+/// counted without) and thread states all lie inside it: an interval that began before
+/// it counts from its start, one still open at its end counts to its end. Captures of
+/// lrec before this record have none (their off-CPU time may reach outside the span of
+/// their CPU samples).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct OffCpuWindow {
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The threads with intervals the window cut (Lua coroutine waits count under the
+    /// thread that resumed them).
+    pub threads: Vec<WindowCuts>,
+}
+
+/// How many of one thread's off-CPU intervals the recording's window cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct WindowCuts {
+    pub pid: u32,
+    pub tid: u32,
+    /// Began before the window: counted from its start.
+    pub at_start: u64,
+    /// Still open at its end: counted to it.
+    pub at_end: u64,
+}

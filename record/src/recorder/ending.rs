@@ -55,6 +55,9 @@ pub struct OffCpuSummary {
     pub min_ns: u64,
     /// What was counted without stacks, summed over the threads.
     pub counted: lrec_format::ThreadOffCpuTotals,
+    /// Intervals the recording's window cut at its start and at its end (recorded or
+    /// counted: only their part inside it counts).
+    pub cut: (u64, u64),
 }
 
 impl OffCpuSummary {
@@ -64,7 +67,8 @@ impl OffCpuSummary {
         eprintln!(
             "lrec: off-CPU: {} blocked intervals recorded with stacks; counted without: {} \
              shorter than {:.3} ms ({:.1} ms), {} waits for a CPU ({:.1} ms), {} whose stack \
-             was not taken (gone, or still blocked at the end) ({:.1} ms)",
+             was not taken (gone, or still blocked at the end) ({:.1} ms); {} intervals began \
+             before the recording and {} were still open at its end: counted inside it only",
             self.recorded,
             c.short_count,
             ms(self.min_ns),
@@ -73,6 +77,8 @@ impl OffCpuSummary {
             ms(c.runnable_ns),
             c.unpaired_count,
             ms(c.unpaired_ns),
+            self.cut.0,
+            self.cut.1,
         );
         if self.lua_waits + self.lua_waits_short.0 > 0 {
             eprintln!(
@@ -339,6 +345,11 @@ impl Recording {
         if self.lost > 0 {
             self.writer
                 .push(&Record::LostCauses(self.lost_causes.clone()))?;
+        }
+        // What off-CPU time and thread states describe (the samples' span too).
+        if self.off_cpu_summary.is_some() || self.state_samples > 0 {
+            let window = std::mem::take(&mut self.window);
+            self.writer.push(&Record::OffCpuWindow(window))?;
         }
         self.writer.push(&Record::End(End {
             time_ns: procfs::monotonic_ns(),

@@ -1,15 +1,16 @@
 //! `--off-cpu`, a feature: blocked intervals come with the samples (recorder.rs), Lua
 //! coroutine waits are timed by uprobes on each LuaJIT binary found, and at the end what
-//! was counted without stacks is written per thread.
+//! was counted without stacks is written per thread, with the intervals the recording's
+//! window cut (BPF counts only their part inside it: sampler/off_cpu.rs).
 
 use anyhow::Result;
-use lrec_format::{OffCpuTotals, Record, ThreadOffCpuTotals};
+use lrec_format::{OffCpuTotals, Record, WindowCuts};
 
 use super::config::OffCpu;
 use super::ending::OffCpuSummary;
 use super::feature::Feature;
 use super::Recording;
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, ThreadOffCpu};
 
 pub(super) struct OffCpuTime {
     min_ns: u64,
@@ -45,21 +46,25 @@ impl Feature for OffCpuTime {
 
     fn finish(&mut self, sampler: &mut Sampler, rec: &mut Recording) -> Result<()> {
         let threads = sampler.off_cpu_totals()?;
+        // The stacks of intervals that ended by the window's end, taken after the last
+        // drain and before the flush counted what was left.
+        super::drain(sampler, rec)?;
         let (short, stopped) = (sampler.lua_waits_short(), sampler.lua_waits_stopped());
         rec.off_cpu_totals(self.min_ns, threads, short, stopped)
     }
 }
 
 impl Recording {
-    /// What `--off-cpu` counted without stacks, per thread.
+    /// What `--off-cpu` counted without stacks, per thread, and the intervals the
+    /// recording's window cut.
     fn off_cpu_totals(
         &mut self,
         min_ns: u64,
-        mut threads: Vec<ThreadOffCpuTotals>,
+        mut counted: Vec<ThreadOffCpu>,
         lua_waits_short: (u64, u64),
         lua_waits_stopped: Option<f64>,
     ) -> Result<()> {
-        threads.sort_by_key(|t| (t.pid, t.tid));
+        counted.sort_by_key(|t| (t.totals.pid, t.totals.tid));
         let mut sum = OffCpuSummary {
             recorded: self.off_cpu - self.lua_waits,
             lua_waits: self.lua_waits,
@@ -68,8 +73,24 @@ impl Recording {
             min_ns,
             ..OffCpuSummary::default()
         };
-        for t in &threads {
-            sum.counted.add(t);
+        let mut threads = Vec::with_capacity(counted.len());
+        for t in &counted {
+            sum.counted.add(&t.totals);
+            sum.cut.0 += t.cut_at_start;
+            sum.cut.1 += t.cut_at_end;
+            if t.cut_at_start + t.cut_at_end > 0 {
+                self.window.threads.push(WindowCuts {
+                    pid: t.totals.pid,
+                    tid: t.totals.tid,
+                    at_start: t.cut_at_start,
+                    at_end: t.cut_at_end,
+                });
+            }
+            // A thread BPF listed for its cuts alone counted nothing without a stack.
+            let c = &t.totals;
+            if c.short_count + c.runnable_count + c.unpaired_count > 0 {
+                threads.push(t.totals);
+            }
         }
         self.off_cpu_summary = Some(sum);
         self.writer

@@ -68,6 +68,10 @@ impl Recording {
         let Some(time_ns) = states.iter().map(|(t, _)| *t).min() else {
             return Ok(());
         };
+        // Read once `-d` ran out, before the loop saw it: outside the recording's window.
+        if self.deadline_ns.is_some_and(|d| time_ns > d) {
+            return Ok(());
+        }
         for (_, t) in &states {
             self.note_sampled(t.pid, t.tid, 0)?;
             self.kernel_addrs.extend(&t.kernel_stack);
