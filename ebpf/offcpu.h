@@ -181,8 +181,9 @@ static __always_inline void switch_out(struct lrec_task *st, struct task_struct 
 	st->out_sp = sp;
 }
 
-/* Recorded thread next gets a CPU back. Its interval off CPU is classified by its whole
- * length and counted by its part inside the window. */
+/* Recorded thread next gets a CPU back (NULL: it did so unseen, see on_sys_exit). Its
+ * interval off CPU is classified by its whole length and counted by its part inside the
+ * window. */
 static __always_inline void switch_in(struct lrec_task *st, struct task_struct *next, __u64 now)
 {
 	__u64 from = lrec_take(st->out_ns), start;
@@ -209,7 +210,7 @@ static __always_inline void switch_in(struct lrec_task *st, struct task_struct *
 		st->owed_ip = st->out_ip;
 		st->owed_sp = st->out_sp;
 		/* The task has not run yet: its kernel stack is the one it blocked in. */
-		long len = bpf_get_task_stack(next, st->kstack, sizeof(st->kstack), 0);
+		long len = next ? bpf_get_task_stack(next, st->kstack, sizeof(st->kstack), 0) : 0;
 		st->kstack_len = len > 0 ? len / sizeof(__u64) : 0;
 	}
 	__sync_fetch_and_add(&st->owed_ns, d);
@@ -333,6 +334,12 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret)
 	if (!st)
 		return 0;
 	st->syscall1 = 0;
+	/* Off CPU since out_ns, yet running: the switch that gave it a CPU back was not
+	 * traced (on this project's machines the kernel skips about one a second of a thread
+	 * woken every 10 ms, for perf as well), and it got the CPU back by now at the latest.
+	 * Its user stack is still the one it blocked with; its kernel stack is gone. */
+	if (st->out_ns)
+		switch_in(st, NULL, bpf_ktime_get_ns());
 	if (!st->owed_ns)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
