@@ -211,3 +211,166 @@ fn states_of_a_blocked_lua_thread_name_its_lua_function() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The recording's window as `lanalyze --info` prints it (the capture's OffCpuWindow
+/// record): from and to, in seconds after the capture's start, and per thread name the
+/// intervals it cut at its start and at its end.
+fn window(cap: &Path) -> (f64, f64, BTreeMap<String, (u64, u64)>) {
+    let info = lanalyze_text(cap, &["--info"]);
+    let section = info
+        .split("\noff-CPU window\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no off-CPU window in --info:\n{info}"));
+    let line = section.lines().find(|l| l.contains("window:")).unwrap();
+    // "  window:        5.000 s, 0.956..5.956 s (…)"
+    let span = line.split(", ").nth(1).unwrap().split(' ').next().unwrap();
+    let (from, to) = span.split_once("..").unwrap();
+    let mut cuts = BTreeMap::new();
+    // "      4101     4103  sleeper          1 at start, 1 at end"
+    for l in section.lines().take_while(|l| !l.is_empty()) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() == 9 && f[4] == "at" && f[8] == "end" {
+            let n = |s: &str| s.trim_end_matches(',').parse::<u64>().unwrap();
+            cuts.insert(f[2].to_string(), (n(f[3]), n(f[6])));
+        }
+    }
+    (from.parse().unwrap(), to.parse().unwrap(), cuts)
+}
+
+/// Per thread name: seconds off CPU in all, and of it blocked (not waiting for a CPU:
+/// recorded blocks, short ones, those whose stack was not taken).
+fn off_cpu_secs(cap: &Path) -> BTreeMap<String, (f64, f64)> {
+    let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for (frames, us) in parse_folded(&lanalyze_text(cap, &["--off-cpu", "--folded"])) {
+        let secs = us as f64 / 1e6;
+        let e = per.entry(frames[0].clone()).or_default();
+        e.0 += secs;
+        if frames.last().is_none_or(|l| !l.starts_with("[runnable")) {
+            e.1 += secs;
+        }
+    }
+    per
+}
+
+/// Off-CPU time and thread states lie inside the recording's window (issue 53), when lrec
+/// attaches (`-p PID -d 5`: offcpu.c's threads are blocked when lrec comes and when it
+/// ends) and when it starts the command (`-- offcpu 6`). The window is the capture's, as
+/// `lanalyze --info` prints it: from the moment lrec starts sampling (it has attached) to
+/// `-d`'s end (5 s after lrec's start) or, without `-d`, the moment it stops sampling (the
+/// command exited); its CPU samples and thread states are checked to lie in it, to the
+/// millisecond --info prints.
+/// offcpu.c's main thread blocks the whole time (attached: in a 20 s sleep; started: in the
+/// run's sleep and the joins after it, its window also holding the exec before and the
+/// exit after): blocked within 2 % of the window. No thread is off CPU longer than the
+/// window; attached, the sleeper, reader and writer, which block all but microseconds at
+/// a time, are off CPU within 5 % of it (measured 99.2-99.98 %), and the intervals open at
+/// each end are counted as cut there (none when lrec started the command).
+#[test]
+fn off_cpu_time_lies_inside_the_recording_window() {
+    let Some(_guard) = bpf_test("off_cpu_time_lies_inside_the_recording_window") else {
+        return;
+    };
+    let dir = tempfile_dir("offcpu-window");
+
+    // Attached: the target runs (and its threads have named themselves) before lrec, and
+    // outlives the recording (killed after it, or ending by itself if the test fails).
+    let mut target = std::process::Command::new(fixture("offcpu"))
+        .arg("20")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let attached = dir.join("attached.lrec");
+    record_pid(&attached, target.id(), 99, 5, &["--off-cpu", "--states"]);
+    let _ = target.kill();
+    let _ = target.wait();
+    let (from, to, cuts) = inside_the_window(&attached, "attached");
+    // -d counts from lrec's start, the capture's start (its header) a few ms after it.
+    assert!(
+        from < to && (to - 5.0).abs() <= 0.25,
+        "attached: the window ends with -d's 5 s: {from}..{to}"
+    );
+    let per = off_cpu_secs(&attached);
+    for thread in ["sleeper", "reader", "writer"] {
+        let all = per.get(thread).map_or(0.0, |p| p.0);
+        eprintln!(
+            "attached: {thread} off CPU {all:.3} s of {:.3} s",
+            to - from
+        );
+        assert!(
+            all >= 0.95 * (to - from),
+            "attached: {thread} off CPU {all} s of the window's {} s",
+            to - from
+        );
+    }
+    assert_eq!(
+        cuts.get("offcpu"),
+        Some(&(1, 1)),
+        "attached: the main thread's one block is cut at both ends: {cuts:?}"
+    );
+
+    // Started: its threads live inside the window, and no interval is cut.
+    let started = dir.join("started.lrec");
+    run(std::process::Command::new(bin("lrec"))
+        .args(["-F", "99", "--off-cpu", "--states", "-q", "-o"])
+        .arg(&started)
+        .arg("--")
+        .arg(fixture("offcpu"))
+        .arg("6"));
+    let (from, to, cuts) = inside_the_window(&started, "started");
+    assert!(to - from >= 6.0, "started: window {from}..{to}");
+    assert!(
+        cuts.values().all(|&c| c == (0, 0)),
+        "started: nothing is cut: {cuts:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What holds for any recording of offcpu.c (`case` names it): its CPU samples and thread
+/// states lie inside the window, no thread is off CPU longer than it, and the main thread
+/// is blocked within 2 % of it. Returns the window and its cuts.
+fn inside_the_window(cap: &Path, case: &str) -> (f64, f64, BTreeMap<String, (u64, u64)>) {
+    let (from, to, cuts) = window(cap);
+    let span = to - from;
+    // --info prints milliseconds, rounded: each end is off by up to half of one.
+    let inside = |t: f64| t >= from - 0.001 && t <= to + 0.001;
+    let c = contents(cap);
+    let outside = c
+        .offsets_ns
+        .iter()
+        .filter(|&&t| !inside(t as f64 / 1e9))
+        .count();
+    assert!(
+        c.samples > 0 && outside == 0,
+        "{case}: {outside} of {} CPU samples outside {from}..{to}",
+        c.samples
+    );
+    let csv = lanalyze_text(cap, &["--states", "--csv"]);
+    let times: Vec<f64> = (csv.lines().skip(1))
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    let outside = times.iter().filter(|&&t| !inside(t)).count();
+    assert!(
+        !times.is_empty() && outside == 0,
+        "{case}: {outside} of {} thread states outside {from}..{to}",
+        times.len()
+    );
+    let per = off_cpu_secs(cap);
+    for (thread, (all, blocked)) in &per {
+        eprintln!(
+            "{case}: {thread} off CPU {all:.3} s, blocked {blocked:.3} s, window {span:.3} s \
+             ({:.2} %)",
+            100.0 * blocked / span
+        );
+        assert!(
+            *all <= span + 0.002,
+            "{case}: {thread} off CPU {all} s in a window of {span} s"
+        );
+    }
+    let main = per.get("offcpu").map_or(0.0, |p| p.1);
+    assert!(
+        (main - span).abs() <= 0.02 * span,
+        "{case}: the main thread blocked {main} s, the window is {span} s"
+    );
+    (from, to, cuts)
+}
