@@ -2,16 +2,16 @@
 //! ([`lrec_inspect::lua::meet`]: its Lua VM, the layout learned from its code, where it
 //! frees its protos), so that the recording never waits for it: samples are taken and
 //! written meanwhile, and the Lua frames join once the VM's layout is known and proved.
-//! Each binary's work is bounded by its budget. While lrec starts, the thread runs in lrec's
-//! start's class (realtime, bounded: `priority::realtime`), so that an attached target's
-//! binaries are met before sampling begins (~50 ms of CPU for tshark's ~60 libraries); from
-//! then on ([`Learner::relax`]) it shares the CPUs with the target at nice 0 (at nice +10, on
-//! a busy machine, a VM was met only after 400 of its 500 samples). It stops at once when
-//! lrec stops.
+//! Each binary's work is bounded by its budget. While lrec starts, and until the binaries
+//! met then are done, the thread runs in lrec's start's class (realtime, bounded:
+//! `priority::realtime`), so that an attached target's binaries are met before sampling
+//! begins (~50 ms of CPU for tshark's ~60 libraries); from then on ([`Learner::relax`]) it
+//! shares the CPUs with the target at nice 0 (at nice +10, on a busy machine, a VM was met
+//! only after 400 of its 500 samples). It stops at once when lrec stops.
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 
@@ -46,6 +46,9 @@ pub struct Learner {
     queued: usize,
     cancel: Arc<AtomicBool>,
     thread: crate::priority::Yielding,
+    /// Jobs not done yet, as the thread counts them, and whether it is to relax when none is.
+    pending: Arc<AtomicUsize>,
+    relaxing: Arc<AtomicBool>,
 }
 
 impl Learner {
@@ -56,6 +59,11 @@ impl Learner {
         let stop = cancel.clone();
         let thread = crate::priority::Yielding::default();
         let yielding = thread.clone();
+        let (pending, relaxing) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (left, relax) = (pending.clone(), relaxing.clone());
         std::thread::Builder::new()
             .name("lrec-learn".into())
             .spawn(move || {
@@ -77,6 +85,10 @@ impl Learner {
                     if outbox.send(learned).is_err() {
                         break;
                     }
+                    // The start's binaries done: the rest shares the CPUs with the target.
+                    if left.fetch_sub(1, Ordering::Relaxed) == 1 && relax.load(Ordering::Relaxed) {
+                        yielding.relax();
+                    }
                 }
             })
             .expect("spawning the learning thread");
@@ -86,17 +98,26 @@ impl Learner {
             queued: 0,
             cancel,
             thread,
+            pending,
+            relaxing,
         }
     }
 
-    /// lrec has started: the thread shares the CPUs with the target from now on.
+    /// lrec has started: the thread shares the CPUs with the target from now on, once the
+    /// binaries submitted so far are met.
     pub fn relax(&self) {
-        self.thread.relax();
+        self.relaxing.store(true, Ordering::Relaxed);
+        if self.pending.load(Ordering::Relaxed) == 0 {
+            self.thread.relax();
+        }
     }
 
     pub fn submit(&mut self, job: Job) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
         if self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok()) {
             self.queued += 1;
+        } else {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
