@@ -54,7 +54,7 @@ impl Embedder {
         let (outbox, done) = channel();
         let thread = crate::priority::Yielding::default();
         let yielding = thread.clone();
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("lrec-embed".into())
             .spawn(move || {
                 // Reading and compressing binaries yields to the target on a busy machine,
@@ -84,6 +84,7 @@ impl Embedder {
                 }
             })
             .expect("spawning the embedding thread");
+        thread.spawned(&handle);
         Embedder {
             jobs,
             done,

@@ -64,7 +64,7 @@ impl Learner {
             Arc::new(AtomicBool::new(false)),
         );
         let (left, relax) = (pending.clone(), relaxing.clone());
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("lrec-learn".into())
             .spawn(move || {
                 yielding.start_with_lrec();
@@ -92,6 +92,9 @@ impl Learner {
                 }
             })
             .expect("spawning the learning thread");
+        // In the start's class from its first instruction, not once it got a CPU.
+        thread.spawned(&handle);
+        thread.hurry();
         Learner {
             jobs: Some(jobs),
             done,

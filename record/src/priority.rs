@@ -120,6 +120,19 @@ extern "C" fn on_rttime(_: libc::c_int) {
     }
 }
 
+/// Puts a thread lrec's start waits for (just spawned: `thread`) in the realtime class at
+/// once, from its parent: a thread started by the realtime one starts at nice 0
+/// ([`realtime`]), and among 200 spinning threads it waited up to seconds for a CPU before
+/// it could raise itself. (RLIMIT_RTTIME, set by [`realtime`], bounds it as the others.)
+pub fn realtime_from_parent(thread: libc::pthread_t) {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sets the scheduling of a live thread of ours (its JoinHandle is held); a
+    // failure leaves it as it was.
+    unsafe {
+        libc::pthread_setschedparam(thread, libc::SCHED_RR | libc::SCHED_RESET_ON_FORK, &param);
+    }
+}
+
 /// Sets the calling thread, which lrec's start waits for, to nice -20: a thread started
 /// by the realtime one starts at nice 0 ([`realtime`]).
 pub fn nice_high() {
@@ -134,9 +147,19 @@ pub fn nice_high() {
 #[derive(Clone, Default)]
 pub struct Yielding {
     tid: std::sync::Arc<std::sync::atomic::AtomicI32>,
+    /// The thread's pthread, noted by whoever spawned it ([`Yielding::spawned`]): it is
+    /// hurried by it when it never ran (tid 0).
+    pthread: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Yielding {
+    /// Notes the thread just spawned (by the spawner).
+    pub fn spawned<T>(&self, handle: &std::thread::JoinHandle<T>) {
+        let p = std::os::unix::thread::JoinHandleExt::as_pthread_t(handle);
+        self.pthread
+            .store(p, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Called on the thread itself: lowers its priority and notes its id.
     pub fn lower(&self) {
         // SAFETY: gettid and setpriority on the calling thread (who = 0) have no memory
@@ -174,10 +197,14 @@ impl Yielding {
     /// now on lrec's way: [`realtime`]).
     pub fn hurry(&self) {
         let tid = self.tid.load(std::sync::atomic::Ordering::Relaxed);
+        let pthread = self.pthread.load(std::sync::atomic::Ordering::Relaxed);
         if tid > 0 {
             // SAFETY: setpriority of one of our own threads; a failure leaves it as it was.
             unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -20) };
             realtime_thread(tid, true);
+        } else if pthread != 0 {
+            // It never ran: among threads that keep the CPUs busy, it would wait its turn.
+            realtime_from_parent(pthread as libc::pthread_t);
         }
     }
 }

@@ -155,6 +155,10 @@ impl Sampler {
             crate::priority::nice_high();
             Btf::from_sys_fs()
         });
+        // lrec's start waits for it: in the start's class from its first instruction.
+        crate::priority::realtime_from_parent(std::os::unix::thread::JoinHandleExt::as_pthread_t(
+            &btf,
+        ));
         let globals = Globals::new(cfg)?;
         let mut bpf = EbpfLoader::new();
         let mut ebpf = globals.load(&mut bpf, cfg)?;

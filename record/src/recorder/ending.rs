@@ -392,11 +392,13 @@ impl Kallsyms {
     pub(super) fn load() -> Kallsyms {
         let thread = crate::priority::Yielding::default();
         let yielding = thread.clone();
+        let loading = std::thread::spawn(move || {
+            yielding.lower();
+            KallsymsTable::load()
+        });
+        thread.spawned(&loading);
         Kallsyms {
-            loading: Some(std::thread::spawn(move || {
-                yielding.lower();
-                KallsymsTable::load()
-            })),
+            loading: Some(loading),
             thread,
             table: None,
         }
